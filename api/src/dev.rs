@@ -1,0 +1,79 @@
+//! `logdex dev`: a local cluster of real `logdex serve` processes on loopback.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use clap::Args;
+
+#[derive(Args, Debug, Clone)]
+pub struct DevArgs {
+    /// Number of nodes.
+    #[arg(long, default_value_t = 3)]
+    pub nodes: u32,
+    /// Directory for the nodes' data (one subdirectory per node); kept after exit.
+    #[arg(long, default_value = "./logdex-dev")]
+    pub data_dir: PathBuf,
+    /// HTTP port of node 1; node N listens on this + N - 1.
+    #[arg(long, default_value_t = 8081)]
+    pub http_port: u16,
+    /// RPC port of node 1; node N listens on this + N - 1.
+    #[arg(long, default_value_t = 9091)]
+    pub rpc_port: u16,
+}
+
+pub async fn dev(args: DevArgs) -> Result<(), String> {
+    if args.nodes == 0 || args.nodes > 9 {
+        return Err("--nodes must be 1 to 9".into());
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the logdex binary: {e}"))?;
+    let port = |base: u16, i: u32| base.checked_add(i as u16 - 1).ok_or("port out of range");
+    let mut peers = Vec::new();
+    for i in 1..=args.nodes {
+        peers.push(format!("{i}@127.0.0.1:{}", port(args.rpc_port, i)?));
+    }
+    let peers = peers.join(",");
+    let mut children = Vec::new();
+    for i in 1..=args.nodes {
+        let dir = args.data_dir.join(format!("node-{i}"));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let log = std::fs::File::create(dir.join("logdex.log")).map_err(|e| format!("cannot create node log: {e}"))?;
+        let child = tokio::process::Command::new(&exe)
+            .arg("serve")
+            .args(["--node-id", &i.to_string()])
+            .arg("--data-dir")
+            .arg(&dir)
+            .args(["--http-addr", &format!("127.0.0.1:{}", port(args.http_port, i)?)])
+            .args(["--rpc-addr", &format!("127.0.0.1:{}", port(args.rpc_port, i)?)])
+            .args(["--peers", &peers])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start node {i}: {e}"))?;
+        children.push(child);
+    }
+    println!("logdex dev cluster: {} nodes, data under {}", args.nodes, args.data_dir.display());
+    for i in 1..=args.nodes {
+        println!(
+            "  node {i}: http://127.0.0.1:{}  (log: {}/node-{i}/logdex.log)",
+            port(args.http_port, i)?,
+            args.data_dir.display()
+        );
+    }
+    println!("Ctrl-C stops every node.");
+    let _ = tokio::signal::ctrl_c().await;
+    println!("stopping {} nodes", children.len());
+    for child in &children {
+        if let Some(pid) = child.id() {
+            let _ = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+        }
+    }
+    for mut child in children {
+        if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_err() {
+            let _ = child.kill().await;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,109 @@
+//! API errors and their one mapping to HTTP status codes and JSON bodies.
+//!
+//! Error codes are stable and append-only: scripts match on them.
+
+use axum::http::HeaderValue;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use serde_json::json;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{message}")]
+    BadRequest { code: &'static str, message: String },
+    #[error("key not found")]
+    KeyNotFound,
+    #[error("topic {0} does not exist")]
+    TopicNotFound(String),
+    #[error("topic {0} has kv.index.enabled=false")]
+    TopicNotIndexed(String),
+    #[error("record at offset {0} was removed by retention")]
+    Gone(u64),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    TooLarge(String),
+    #[error("{message}")]
+    Misdirected { message: String, redirect: Option<String> },
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Timeout(String),
+    #[error("{0}")]
+    Internal(String),
+    #[error("{0}")]
+    NotFound(String),
+}
+
+impl ApiError {
+    pub fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError::BadRequest { code, message: message.into() }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::KeyNotFound
+            | ApiError::TopicNotFound(_)
+            | ApiError::TopicNotIndexed(_)
+            | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Gone(_) => StatusCode::GONE,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Misdirected { .. } => StatusCode::MISDIRECTED_REQUEST,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest { code, .. } => code,
+            ApiError::KeyNotFound => "key_not_found",
+            ApiError::TopicNotFound(_) => "topic_not_found",
+            ApiError::TopicNotIndexed(_) => "topic_not_indexed",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::Gone(_) => "record_removed",
+            ApiError::Conflict(_) => "conflict",
+            ApiError::TooLarge(_) => "too_large",
+            ApiError::Misdirected { .. } => "misdirected",
+            ApiError::Unavailable(_) => "unavailable",
+            ApiError::Timeout(_) => "timeout",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+}
+
+impl From<logdex_raft::Error> for ApiError {
+    fn from(e: logdex_raft::Error) -> ApiError {
+        use logdex_raft::Error as E;
+        match e {
+            E::Invalid(m) => ApiError::bad("invalid", m),
+            E::Timeout(m) => ApiError::Timeout(m),
+            E::NotFound(m) => ApiError::NotFound(m),
+            E::Conflict(m) => ApiError::Conflict(m),
+            E::NotLeader { .. } | E::NotHosted { .. } | E::Unavailable(_) => ApiError::Unavailable(e.to_string()),
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let body = json!({"error": {"code": self.code(), "message": self.to_string()}});
+        let mut response = (status, axum::Json(body)).into_response();
+        let headers = response.headers_mut();
+        if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
+            headers.insert("retry-after", HeaderValue::from_static("1"));
+        }
+        if let ApiError::Misdirected { redirect: Some(url), .. } = &self {
+            if let Ok(v) = HeaderValue::from_str(url) {
+                headers.insert("x-kv-redirect", v);
+            }
+        }
+        response
+    }
+}

@@ -1,0 +1,835 @@
+//! The HTTP API (DESIGN.md sections 7, 8 and 12).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU32;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::Json;
+use axum::Router as AxumRouter;
+use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
+use axum::extract::Path;
+use axum::extract::Query;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::http::HeaderValue;
+use axum::http::Method;
+use axum::http::StatusCode;
+use axum::http::Uri;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use axum::routing::get;
+use axum::routing::post;
+use base64::Engine;
+use logdex_log::Record;
+use logdex_raft::controller::PartitionRecord;
+use logdex_raft::controller::TopicRecord;
+use logdex_raft::node::ReadMode;
+use logdex_raft::partition::KeyRead;
+use logdex_raft::pb;
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::json;
+
+use crate::error::ApiError;
+use crate::murmur2::partition_for_key;
+use crate::routing::FORWARDED_HEADER;
+use crate::routing::Hop;
+use crate::routing::Router;
+
+/// Request and record limits (DESIGN.md section 11).
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub body_bytes_max: usize,
+    pub key_bytes_max: usize,
+    pub value_bytes_max: usize,
+    pub records_per_batch_max: usize,
+    pub fetch_records_max: usize,
+    pub fetch_bytes_max: usize,
+    pub min_offset_wait_max: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            body_bytes_max: 8 * 1024 * 1024,
+            key_bytes_max: 16 * 1024,
+            value_bytes_max: 1024 * 1024,
+            records_per_batch_max: 10_000,
+            fetch_records_max: 10_000,
+            fetch_bytes_max: 8 * 1024 * 1024,
+            min_offset_wait_max: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct AppState {
+    pub router: Router,
+    pub forward_default: bool,
+    pub limits: Arc<Limits>,
+    round_robin: Arc<AtomicU32>,
+}
+
+impl AppState {
+    pub fn new(router: Router, forward_default: bool, limits: Limits) -> AppState {
+        AppState { router, forward_default, limits: Arc::new(limits), round_robin: Arc::new(AtomicU32::new(0)) }
+    }
+}
+
+pub fn app(state: AppState) -> AxumRouter {
+    let body_limit = state.limits.body_bytes_max;
+    AxumRouter::new()
+        .route("/topics", post(create_topic).get(list_topics))
+        .route("/topics/{topic}", get(describe_topic).delete(delete_topic))
+        .route("/topics/{topic}/config", post(alter_topic_config))
+        .route("/topics/{topic}/records", post(produce_records))
+        .route("/topics/{topic}/partitions/{partition}/records", get(fetch_records))
+        .route("/kv/{topic}/{*key}", get(get_key).put(put_key).delete(delete_key))
+        .route("/cluster", get(cluster))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+// ---------------------------------------------------------------- topics
+
+#[derive(Deserialize)]
+struct CreateTopicBody {
+    name: String,
+    #[serde(default = "default_partitions")]
+    partitions: u32,
+    #[serde(default = "default_replication_factor")]
+    replication_factor: u32,
+    #[serde(default)]
+    config: BTreeMap<String, Value>,
+}
+
+fn default_partitions() -> u32 {
+    1
+}
+
+fn default_replication_factor() -> u32 {
+    1
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad("invalid_json", e.to_string()))
+}
+
+fn config_strings(config: BTreeMap<String, Value>) -> Result<BTreeMap<String, String>, ApiError> {
+    config
+        .into_iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => Ok((k, s)),
+            Value::Number(n) => Ok((k, n.to_string())),
+            Value::Bool(b) => Ok((k, b.to_string())),
+            other => Err(ApiError::bad("invalid_config", format!("config {k} has a non-scalar value {other}"))),
+        })
+        .collect()
+}
+
+fn controller_error(result: &pb::ControllerResult) -> Option<ApiError> {
+    match result.status.as_str() {
+        "invalid" => Some(ApiError::bad("invalid_topic", result.message.clone())),
+        "conflict" => Some(ApiError::Conflict(result.message.clone())),
+        "not_found" => Some(ApiError::TopicNotFound(result.message.clone())),
+        _ => None,
+    }
+}
+
+async fn create_topic(State(s): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let req: CreateTopicBody = parse_json(&body)?;
+    logdex_raft::controller::validate_topic_name(&req.name).map_err(|m| ApiError::bad("invalid_topic", m))?;
+    let config = config_strings(req.config)?;
+    logdex_raft::controller::validate_config(&config).map_err(|m| ApiError::bad("invalid_config", m))?;
+    let cmd = pb::ControllerCommand {
+        kind: Some(pb::controller_command::Kind::CreateTopic(pb::CreateTopic {
+            name: req.name.clone(),
+            partitions: req.partitions,
+            replication_factor: req.replication_factor,
+            config: config.into_iter().collect(),
+        })),
+    };
+    let result = s.router.node.controller_write(cmd, false).await?;
+    if let Some(e) = controller_error(&result) {
+        return Err(e);
+    }
+    let status = if result.status == "created" { StatusCode::CREATED } else { StatusCode::OK };
+    let topic = wait_topic_ready(&s, &req.name).await?;
+    Ok((status, Json(describe(&s, &topic).await)).into_response())
+}
+
+/// Waits (bounded) until the local controller replica knows the topic and
+/// every partition has a leader, so a write right after creation succeeds.
+async fn wait_topic_ready(s: &AppState, name: &str) -> Result<TopicRecord, ApiError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(topic) = s.router.node.cluster().topics.get(name).cloned() {
+            let mut all = true;
+            for p in &topic.partitions {
+                if s.router.find_leader(p).await.is_none() {
+                    all = false;
+                    break;
+                }
+            }
+            if all || tokio::time::Instant::now() >= deadline {
+                return Ok(topic);
+            }
+        } else if tokio::time::Instant::now() >= deadline {
+            return Err(ApiError::Unavailable(format!("topic {name} created but not yet visible on this node")));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn list_topics(State(s): State<AppState>) -> Json<Value> {
+    let names: Vec<String> = s.router.node.cluster().topics.keys().cloned().collect();
+    Json(json!({ "topics": names }))
+}
+
+fn topic(s: &AppState, name: &str) -> Result<TopicRecord, ApiError> {
+    s.router.node.cluster().topics.get(name).cloned().ok_or_else(|| ApiError::TopicNotFound(name.to_string()))
+}
+
+async fn describe_topic(State(s): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+    let t = topic(&s, &name)?;
+    Ok(Json(describe(&s, &t).await))
+}
+
+async fn describe(s: &AppState, t: &TopicRecord) -> Value {
+    let nodes: std::collections::BTreeSet<u64> =
+        t.partitions.iter().flat_map(|p| p.replicas.iter().map(|r| r.node_id)).collect();
+    let statuses = s.router.statuses(nodes).await;
+    let partitions: Vec<Value> = t
+        .partitions
+        .iter()
+        .map(|p| {
+            let views: Vec<&pb::GroupStatus> =
+                statuses.iter().flat_map(|st| st.groups.iter()).filter(|g| g.group_id == p.group_id).collect();
+            let leader = views.iter().filter(|g| g.leader_node != 0).max_by_key(|g| g.term).map(|g| g.leader_node);
+            let leader_view = leader.and_then(|l| {
+                let leader_replica = p.replicas.iter().find(|r| r.node_id == l).map(|r| r.replica_id);
+                views.iter().find(|g| Some(g.replica_id) == leader_replica)
+            });
+            let hw = leader_view.map(|g| g.high_watermark).or_else(|| views.iter().map(|g| g.high_watermark).max());
+            let start =
+                leader_view.map(|g| g.log_start_offset).or_else(|| views.iter().map(|g| g.log_start_offset).min());
+            json!({
+                "partition": p.partition,
+                "replicas": p.replicas.iter().map(|r| r.node_id).collect::<Vec<_>>(),
+                "leader": leader,
+                "high_watermark": hw.unwrap_or(0),
+                "log_start_offset": start.unwrap_or(0),
+            })
+        })
+        .collect();
+    json!({
+        "name": t.name,
+        "partitions": partitions,
+        "replication_factor": t.replication_factor,
+        "config": t.config,
+    })
+}
+
+async fn delete_topic(State(s): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+    let cmd = pb::ControllerCommand {
+        kind: Some(pb::controller_command::Kind::DeleteTopic(pb::DeleteTopic { name: name.clone() })),
+    };
+    let result = s.router.node.controller_write(cmd, false).await?;
+    if result.status == "not_found" {
+        return Err(ApiError::TopicNotFound(name));
+    }
+    Ok(Json(json!({ "deleted": name })))
+}
+
+async fn alter_topic_config(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    #[derive(Deserialize)]
+    struct Alter {
+        config: BTreeMap<String, Value>,
+    }
+    let req: Alter = parse_json(&body)?;
+    let config = config_strings(req.config)?;
+    let cmd = pb::ControllerCommand {
+        kind: Some(pb::controller_command::Kind::AlterTopicConfig(pb::AlterTopicConfig {
+            name: name.clone(),
+            config: config.into_iter().collect(),
+        })),
+    };
+    let result = s.router.node.controller_write(cmd, false).await?;
+    if result.status == "not_found" {
+        return Err(ApiError::TopicNotFound(name));
+    }
+    if let Some(e) = controller_error(&result) {
+        return Err(e);
+    }
+    let t = topic(&s, &name)?;
+    Ok(Json(describe(&s, &t).await))
+}
+
+// ---------------------------------------------------------------- common
+
+#[derive(Deserialize, Default)]
+struct CommonQuery {
+    partition: Option<u32>,
+    key_encoding: Option<String>,
+    read: Option<String>,
+    min_offset: Option<u64>,
+    forward: Option<bool>,
+    offset: Option<u64>,
+    max_records: Option<usize>,
+    max_bytes: Option<usize>,
+}
+
+fn hop(s: &AppState, headers: &HeaderMap, q: &CommonQuery) -> Hop {
+    Hop { forwarded: headers.contains_key(FORWARDED_HEADER), forward: q.forward.unwrap_or(s.forward_default) }
+}
+
+fn read_mode(q: &CommonQuery) -> Result<ReadMode, ApiError> {
+    match q.read.as_deref() {
+        None | Some("linearizable") => Ok(ReadMode::Linearizable),
+        Some("strict") => Ok(ReadMode::Strict),
+        Some("follower") => Ok(ReadMode::Follower),
+        Some(other) => Err(ApiError::bad(
+            "invalid_read_mode",
+            format!("read must be linearizable, strict or follower, not {other:?}"),
+        )),
+    }
+}
+
+fn path_and_query(uri: &Uri) -> String {
+    uri.path_and_query().map(|pq| pq.as_str().to_string()).unwrap_or_else(|| uri.path().to_string())
+}
+
+/// The key of a `/kv/{topic}/{key}` request, from the raw path (so binary keys survive).
+fn key_from_uri(uri: &Uri, topic: &str, encoding: Option<&str>) -> Result<Vec<u8>, ApiError> {
+    let raw = uri.path();
+    let prefix_len = "/kv/".len() + raw.get(4..).and_then(|r| r.find('/')).unwrap_or(topic.len());
+    let encoded = raw.get(prefix_len + 1..).unwrap_or("");
+    let key = percent_decode(encoded)?;
+    match encoding {
+        None | Some("utf8") | Some("raw") => Ok(key),
+        Some("base64url") => {
+            let text =
+                String::from_utf8(key).map_err(|_| ApiError::bad("invalid_key", "base64url key is not ASCII"))?;
+            let trimmed = text.trim_end_matches('=');
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(trimmed)
+                .map_err(|e| ApiError::bad("invalid_key", format!("key is not valid base64url: {e}")))
+        }
+        Some(other) => {
+            Err(ApiError::bad("invalid_key_encoding", format!("key_encoding must be base64url, not {other:?}")))
+        }
+    }
+}
+
+fn percent_decode(s: &str) -> Result<Vec<u8>, ApiError> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex =
+                bytes.get(i + 1..i + 3).ok_or_else(|| ApiError::bad("invalid_key", "truncated percent-encoding"))?;
+            let text = std::str::from_utf8(hex).map_err(|_| ApiError::bad("invalid_key", "bad percent-encoding"))?;
+            let b = u8::from_str_radix(text, 16).map_err(|_| ApiError::bad("invalid_key", "bad percent-encoding"))?;
+            out.push(b);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    Ok(out)
+}
+
+fn partition_of<'a>(t: &'a TopicRecord, q: &CommonQuery, key: &[u8]) -> Result<&'a PartitionRecord, ApiError> {
+    let n = t.partitions.len() as u32;
+    let p = match q.partition {
+        Some(p) if p < n => p,
+        Some(p) => {
+            return Err(ApiError::bad(
+                "invalid_partition",
+                format!("topic {} has {n} partitions, not {}", t.name, p + 1),
+            ));
+        }
+        None => partition_for_key(key, n),
+    };
+    t.partitions.get(p as usize).ok_or_else(|| ApiError::Internal("partition out of range".into()))
+}
+
+fn now_ms() -> i64 {
+    logdex_raft::state_machine::now_ms() as i64
+}
+
+// ---------------------------------------------------------------- writes
+
+struct WriteRequest<'a> {
+    method: Method,
+    uri: &'a Uri,
+    headers: &'a HeaderMap,
+    body: Bytes,
+}
+
+/// Produces one batch to a partition's leader, here or by forwarding.
+/// Returns the base offset, or the leader's whole response when forwarded.
+async fn produce_to(
+    s: &AppState,
+    record: &PartitionRecord,
+    records: &[Record],
+    hop: Hop,
+    req: WriteRequest<'_>,
+) -> Result<Result<u64, Response>, ApiError> {
+    let batch = logdex_log::encode_batch(records, logdex_log::Compression::None)
+        .map_err(|e| ApiError::bad("invalid_record", e.to_string()))?;
+    let deadline = tokio::time::Instant::now() + crate::routing::LEADER_WAIT;
+    loop {
+        if s.router.local_leader(record.group_id).is_some() {
+            match s.router.node.produce(record.group_id, batch.clone()).await {
+                Ok(r) => return Ok(Ok(r.base_offset)),
+                Err(logdex_raft::Error::NotLeader { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        } else if let Some(leader) = s.router.find_leader(record).await {
+            if leader != s.router.node.node_id() {
+                let pq = path_and_query(req.uri);
+                let resp = s.router.redirect(leader, hop, req.method.clone(), &pq, req.headers, req.body.clone()).await;
+                if resp.is_err() {
+                    s.router.forget_leader(record.group_id);
+                }
+                return resp.map(Err);
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ApiError::Unavailable(format!("partition {} has no leader yet", record.partition)));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn written(partition: u32, offset: u64) -> Response {
+    let mut resp = Json(json!({ "partition": partition, "offset": offset })).into_response();
+    let h = resp.headers_mut();
+    h.insert("x-kv-partition", HeaderValue::from(partition));
+    h.insert("x-kv-offset", HeaderValue::from(offset));
+    resp
+}
+
+async fn write_key(
+    s: AppState,
+    topic_name: String,
+    q: CommonQuery,
+    uri: Uri,
+    headers: HeaderMap,
+    method: Method,
+    body: Bytes,
+    value: Option<Vec<u8>>,
+) -> Result<Response, ApiError> {
+    let t = topic(&s, &topic_name)?;
+    let key = key_from_uri(&uri, &topic_name, q.key_encoding.as_deref())?;
+    if key.len() > s.limits.key_bytes_max {
+        return Err(ApiError::TooLarge(format!("key of {} bytes exceeds {}", key.len(), s.limits.key_bytes_max)));
+    }
+    if value.as_ref().is_some_and(|v| v.len() > s.limits.value_bytes_max) {
+        return Err(ApiError::TooLarge(format!("value exceeds {} bytes", s.limits.value_bytes_max)));
+    }
+    let p = partition_of(&t, &q, &key)?;
+    let record = Record { timestamp_ms: now_ms(), key: Some(key), value, headers: Vec::new() };
+    let hop = hop(&s, &headers, &q);
+    let req = WriteRequest { method, uri: &uri, headers: &headers, body };
+    match produce_to(&s, p, std::slice::from_ref(&record), hop, req).await? {
+        Ok(offset) => Ok(written(p.partition, offset)),
+        Err(forwarded) => Ok(forwarded),
+    }
+}
+
+async fn put_key(
+    State(s): State<AppState>,
+    Path((topic_name, _)): Path<(String, String)>,
+    Query(q): Query<CommonQuery>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let value = Some(body.to_vec());
+    write_key(s, topic_name, q, uri, headers, Method::PUT, body, value).await
+}
+
+async fn delete_key(
+    State(s): State<AppState>,
+    Path((topic_name, _)): Path<(String, String)>,
+    Query(q): Query<CommonQuery>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    write_key(s, topic_name, q, uri, headers, Method::DELETE, Bytes::new(), None).await
+}
+
+#[derive(Deserialize)]
+struct ProduceBody {
+    records: Vec<ProduceRecord>,
+    #[serde(default)]
+    encoding: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ProduceRecord {
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    value: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, Option<String>>,
+    #[serde(default)]
+    partition: Option<u32>,
+}
+
+fn decode_field(text: String, base64: bool, what: &str) -> Result<Vec<u8>, ApiError> {
+    if base64 {
+        base64::engine::general_purpose::STANDARD
+            .decode(text.as_bytes())
+            .map_err(|e| ApiError::bad("invalid_record", format!("{what} is not valid base64: {e}")))
+    } else {
+        Ok(text.into_bytes())
+    }
+}
+
+async fn produce_records(
+    State(s): State<AppState>,
+    Path(topic_name): Path<String>,
+    Query(q): Query<CommonQuery>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let t = topic(&s, &topic_name)?;
+    let req: ProduceBody = parse_json(&body)?;
+    let base64 = match req.encoding.as_deref() {
+        None | Some("utf8") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::bad("invalid_encoding", format!("encoding must be utf8 or base64, not {other:?}")));
+        }
+    };
+    if req.records.is_empty() {
+        return Err(ApiError::bad("invalid_record", "records must not be empty"));
+    }
+    if req.records.len() > s.limits.records_per_batch_max {
+        return Err(ApiError::TooLarge(format!("at most {} records per request", s.limits.records_per_batch_max)));
+    }
+    let n = t.partitions.len() as u32;
+    let now = now_ms();
+    // Partition -> (request positions, records), validated before anything is written.
+    let mut per_partition: BTreeMap<u32, (Vec<usize>, Vec<Record>)> = BTreeMap::new();
+    for (i, r) in req.records.into_iter().enumerate() {
+        let key = r.key.map(|k| decode_field(k, base64, "key")).transpose()?;
+        let value = r.value.map(|v| decode_field(v, base64, "value")).transpose()?;
+        if key.as_ref().is_some_and(|k| k.len() > s.limits.key_bytes_max) {
+            return Err(ApiError::TooLarge(format!("record {i}: key exceeds {} bytes", s.limits.key_bytes_max)));
+        }
+        if value.as_ref().is_some_and(|v| v.len() > s.limits.value_bytes_max) {
+            return Err(ApiError::TooLarge(format!("record {i}: value exceeds {} bytes", s.limits.value_bytes_max)));
+        }
+        let partition = match (r.partition, &key) {
+            (Some(p), _) if p < n => p,
+            (Some(p), _) => {
+                return Err(ApiError::bad("invalid_partition", format!("record {i}: partition {p} of {n}")));
+            }
+            (None, Some(k)) => partition_for_key(k, n),
+            (None, None) => s.round_robin.fetch_add(1, Ordering::Relaxed) % n,
+        };
+        let mut record_headers = Vec::with_capacity(r.headers.len());
+        for (name, v) in r.headers {
+            let value = v.map(|v| decode_field(v, base64, "header value")).transpose()?;
+            record_headers.push(logdex_log::Header { key: name, value });
+        }
+        let entry = per_partition.entry(partition).or_default();
+        entry.0.push(i);
+        entry.1.push(Record { timestamp_ms: now, key, value, headers: record_headers });
+    }
+    let hop = hop(&s, &headers, &q);
+    let total: usize = per_partition.values().map(|(pos, _)| pos.len()).sum();
+    let mut offsets = vec![Value::Null; total];
+    for (partition, (positions, records)) in per_partition {
+        let record = &t.partitions[partition as usize];
+        let sub_body = sub_request_body(partition, &records)?;
+        let req = WriteRequest { method: Method::POST, uri: &uri, headers: &headers, body: sub_body };
+        let base = match produce_to(&s, record, &records, hop, req).await? {
+            Ok(base) => base,
+            Err(forwarded) => base_offset_of(forwarded).await?,
+        };
+        for (j, pos) in positions.into_iter().enumerate() {
+            offsets[pos] = json!({ "partition": partition, "offset": base + j as u64 });
+        }
+    }
+    Ok(Json(json!({ "offsets": offsets })).into_response())
+}
+
+/// The body forwarded for one partition's records: base64 keeps it exact.
+fn sub_request_body(partition: u32, records: &[Record]) -> Result<Bytes, ApiError> {
+    let b64 = |b: &Vec<u8>| base64::engine::general_purpose::STANDARD.encode(b);
+    let records: Vec<Value> = records
+        .iter()
+        .map(|r| {
+            let headers: BTreeMap<&str, Option<String>> =
+                r.headers.iter().map(|h| (h.key.as_str(), h.value.as_ref().map(b64))).collect();
+            json!({ "key": r.key.as_ref().map(b64), "value": r.value.as_ref().map(b64), "headers": headers, "partition": partition })
+        })
+        .collect();
+    serde_json::to_vec(&json!({ "records": records, "encoding": "base64" }))
+        .map(Bytes::from)
+        .map_err(|e| ApiError::Internal(e.to_string()))
+}
+
+async fn base_offset_of(forwarded: Response) -> Result<u64, ApiError> {
+    let status = forwarded.status();
+    let bytes = axum::body::to_bytes(forwarded.into_body(), 1 << 24)
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("forwarded answer: {e}")))?;
+    let v: Value =
+        serde_json::from_slice(&bytes).map_err(|e| ApiError::Unavailable(format!("forwarded answer: {e}")))?;
+    if !status.is_success() {
+        let message = v["error"]["message"].as_str().unwrap_or("forwarded write failed").to_string();
+        return Err(if status == StatusCode::SERVICE_UNAVAILABLE {
+            ApiError::Unavailable(message)
+        } else {
+            ApiError::Internal(message)
+        });
+    }
+    v["offsets"][0]["offset"].as_u64().ok_or_else(|| ApiError::Unavailable("forwarded answer lacks offsets".into()))
+}
+
+// ---------------------------------------------------------------- reads
+
+/// Picks where a read of `record` goes when this node does not host it.
+async fn read_target(s: &AppState, record: &PartitionRecord) -> Result<u64, ApiError> {
+    if let Some(l) = s.router.find_leader(record).await {
+        return Ok(l);
+    }
+    record.replicas.first().map(|r| r.node_id).ok_or_else(|| ApiError::Unavailable("partition has no replicas".into()))
+}
+
+async fn get_key(
+    State(s): State<AppState>,
+    Path((topic_name, _)): Path<(String, String)>,
+    Query(q): Query<CommonQuery>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let t = topic(&s, &topic_name)?;
+    let mode = read_mode(&q)?;
+    let key = key_from_uri(&uri, &topic_name, q.key_encoding.as_deref())?;
+    if key.len() > s.limits.key_bytes_max {
+        return Err(ApiError::TooLarge(format!("key exceeds {} bytes", s.limits.key_bytes_max)));
+    }
+    let p = partition_of(&t, &q, &key)?;
+    if t.config.get("kv.index.enabled").map(String::as_str) == Some("false") {
+        return Err(ApiError::TopicNotIndexed(topic_name));
+    }
+    let hop = hop(&s, &headers, &q);
+    let Some(hosted) = s.router.node.group(p.group_id) else {
+        let target = read_target(&s, p).await?;
+        return s.router.redirect(target, hop, Method::GET, &path_and_query(&uri), &headers, Bytes::new()).await;
+    };
+    if let Some(min) = q.min_offset {
+        let wait = s.limits.min_offset_wait_max.min(Duration::from_secs(1));
+        s.router
+            .node
+            .wait_high_watermark(&hosted, min, wait)
+            .await
+            .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    }
+    let (read, hw) = s.router.node.read_key(p.group_id, &key, mode).await?;
+    let node_id = s.router.node.node_id();
+    let meta = |resp: &mut Response| {
+        let h = resp.headers_mut();
+        h.insert("x-kv-partition", HeaderValue::from(p.partition));
+        h.insert("x-kv-high-watermark", HeaderValue::from(hw));
+        h.insert("x-kv-node", HeaderValue::from(node_id));
+    };
+    match read {
+        KeyRead::Found { offset, record } => {
+            let mut resp = (StatusCode::OK, record.value.unwrap_or_default()).into_response();
+            meta(&mut resp);
+            let h = resp.headers_mut();
+            h.insert("x-kv-offset", HeaderValue::from(offset));
+            h.insert("x-kv-timestamp", HeaderValue::from(record.timestamp_ms));
+            h.insert("content-type", HeaderValue::from_static("application/octet-stream"));
+            Ok(resp)
+        }
+        KeyRead::NotFound => {
+            let mut resp = ApiError::KeyNotFound.into_response();
+            meta(&mut resp);
+            Ok(resp)
+        }
+        KeyRead::Evicted { offset } => {
+            let mut resp = ApiError::Gone(offset).into_response();
+            meta(&mut resp);
+            Ok(resp)
+        }
+    }
+}
+
+fn encode_records(records: &[(u64, Record)]) -> (Vec<Value>, &'static str) {
+    let all_utf8 = records.iter().all(|(_, r)| {
+        r.key.as_deref().is_none_or(|k| std::str::from_utf8(k).is_ok())
+            && r.value.as_deref().is_none_or(|v| std::str::from_utf8(v).is_ok())
+            && r.headers.iter().all(|h| h.value.as_deref().is_none_or(|v| std::str::from_utf8(v).is_ok()))
+    });
+    let text = |b: &Vec<u8>| -> Value {
+        if all_utf8 {
+            Value::String(String::from_utf8_lossy(b).into_owned())
+        } else {
+            Value::String(base64::engine::general_purpose::STANDARD.encode(b))
+        }
+    };
+    let out = records
+        .iter()
+        .map(|(offset, r)| {
+            let headers: serde_json::Map<String, Value> =
+                r.headers.iter().map(|h| (h.key.clone(), h.value.as_ref().map_or(Value::Null, text))).collect();
+            json!({
+                "offset": offset,
+                "timestamp": r.timestamp_ms,
+                "key": r.key.as_ref().map_or(Value::Null, text),
+                "value": r.value.as_ref().map_or(Value::Null, text),
+                "headers": headers,
+            })
+        })
+        .collect();
+    (out, if all_utf8 { "utf8" } else { "base64" })
+}
+
+async fn fetch_records(
+    State(s): State<AppState>,
+    Path((topic_name, partition)): Path<(String, u32)>,
+    Query(q): Query<CommonQuery>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let t = topic(&s, &topic_name)?;
+    let p = t.partitions.get(partition as usize).ok_or_else(|| {
+        ApiError::bad("invalid_partition", format!("topic {topic_name} has no partition {partition}"))
+    })?;
+    let mode = read_mode(&q)?;
+    let offset = q.offset.unwrap_or(0);
+    let max_records = q.max_records.unwrap_or(500).clamp(1, s.limits.fetch_records_max);
+    let max_bytes = q.max_bytes.unwrap_or(1024 * 1024).clamp(1, s.limits.fetch_bytes_max);
+    let hop = hop(&s, &headers, &q);
+    let Some(hosted) = s.router.node.group(p.group_id) else {
+        let target = read_target(&s, p).await?;
+        return s.router.redirect(target, hop, Method::GET, &path_and_query(&uri), &headers, Bytes::new()).await;
+    };
+    s.router.node.read_barrier(&hosted, mode).await?;
+    let hw = hosted.partition.high_watermark();
+    let records = hosted.partition.read_records(offset, max_records, max_bytes)?;
+    let next_offset = records.last().map_or(offset.max(hosted.partition.log_start_offset()).min(hw), |(o, _)| o + 1);
+    let (encoded, encoding) = encode_records(&records);
+    let mut resp = Json(json!({
+        "records": encoded,
+        "next_offset": next_offset,
+        "high_watermark": hw,
+        "encoding": encoding,
+    }))
+    .into_response();
+    let h = resp.headers_mut();
+    h.insert("x-kv-partition", HeaderValue::from(partition));
+    h.insert("x-kv-high-watermark", HeaderValue::from(hw));
+    h.insert("x-kv-node", HeaderValue::from(s.router.node.node_id()));
+    Ok(resp)
+}
+
+// ---------------------------------------------------------------- cluster
+
+async fn cluster(State(s): State<AppState>) -> Json<Value> {
+    let state = s.router.node.cluster();
+    let controller_leader = {
+        let m = logdex_raft::types::metrics_of(s.router.node.controller_raft());
+        m.current_leader
+    };
+    let statuses = s.router.statuses(state.nodes.keys().copied()).await;
+    let nodes: Vec<Value> = state
+        .nodes
+        .values()
+        .map(|n| {
+            let status = statuses.iter().find(|st| st.node_id == n.node_id);
+            let hosts: Vec<u64> = status.map(|st| st.groups.iter().map(|g| g.group_id).collect()).unwrap_or_default();
+            let leads: Vec<u64> = status
+                .map(|st| st.groups.iter().filter(|g| g.leader_node == n.node_id).map(|g| g.group_id).collect())
+                .unwrap_or_default();
+            json!({
+                "node_id": n.node_id,
+                "rpc_addr": n.rpc_addr,
+                "http_addr": n.http_addr,
+                "alive": status.is_some(),
+                "groups_hosted": hosts,
+                "groups_led": leads,
+            })
+        })
+        .collect();
+    Json(json!({ "node_id": s.router.node.node_id(), "controller_leader": controller_leader, "nodes": nodes }))
+}
+
+async fn readyz(State(s): State<AppState>) -> Response {
+    let controller_has_leader =
+        logdex_raft::types::metrics_of(s.router.node.controller_raft()).current_leader.is_some();
+    let registered = s.router.node.cluster().nodes.contains_key(&s.router.node.node_id());
+    let groups_led = s.router.node.groups().iter().all(|g| s.router.node.leader_node(g).is_some());
+    if controller_has_leader && registered && groups_led {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        ApiError::Unavailable(format!(
+            "not ready: controller leader known: {controller_has_leader}, registered: {registered}, every group has a leader: {groups_led}"
+        ))
+        .into_response()
+    }
+}
+
+async fn metrics(State(s): State<AppState>) -> Response {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let node = s.router.node.node_id();
+    let _ = writeln!(out, "# HELP logdex_partition_high_watermark Offset after the last applied record.");
+    let _ = writeln!(out, "# TYPE logdex_partition_high_watermark gauge");
+    let groups = s.router.node.groups();
+    for g in &groups {
+        let _ = writeln!(
+            out,
+            "logdex_partition_high_watermark{{node=\"{node}\",topic=\"{}\",partition=\"{}\"}} {}",
+            g.topic,
+            g.partition_no,
+            g.partition.high_watermark()
+        );
+    }
+    let _ = writeln!(out, "# HELP logdex_partition_leader 1 when this node leads the partition.");
+    let _ = writeln!(out, "# TYPE logdex_partition_leader gauge");
+    for g in &groups {
+        let _ = writeln!(
+            out,
+            "logdex_partition_leader{{node=\"{node}\",topic=\"{}\",partition=\"{}\"}} {}",
+            g.topic,
+            g.partition_no,
+            u8::from(g.raft.is_leader())
+        );
+    }
+    let _ = writeln!(out, "# HELP logdex_partition_log_bytes Bytes of segment files.");
+    let _ = writeln!(out, "# TYPE logdex_partition_log_bytes gauge");
+    for g in &groups {
+        let _ = writeln!(
+            out,
+            "logdex_partition_log_bytes{{node=\"{node}\",topic=\"{}\",partition=\"{}\"}} {}",
+            g.topic,
+            g.partition_no,
+            g.partition.size_bytes()
+        );
+    }
+    ([("content-type", "text/plain; version=0.0.4")], out).into_response()
+}

@@ -1,0 +1,174 @@
+//! Where a request for a partition is served: here, forwarded once to a node
+//! that can serve it, or answered 421 with `X-Kv-Redirect`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::http::HeaderMap;
+use axum::http::Method;
+use axum::response::Response;
+use logdex_raft::controller::PartitionRecord;
+use logdex_raft::node::HostedGroup;
+use logdex_raft::node::Node;
+use logdex_raft::pb;
+use logdex_raft::types::GroupId;
+use logdex_raft::types::NodeId;
+
+use crate::error::ApiError;
+
+/// Header marking a request another node forwarded: it is never forwarded again.
+pub const FORWARDED_HEADER: &str = "x-kv-forwarded";
+/// How long a learned leader is trusted for routing.
+const LEADER_CACHE_TTL: Duration = Duration::from_secs(2);
+/// How long a write waits for an election to finish before answering 503.
+pub const LEADER_WAIT: Duration = Duration::from_secs(5);
+
+#[derive(Clone)]
+pub struct Router {
+    pub node: Node,
+    http: reqwest::Client,
+    leaders: Arc<Mutex<HashMap<GroupId, (NodeId, Instant)>>>,
+}
+
+/// Whether and how a request that cannot be served here moves on.
+#[derive(Clone, Copy, Debug)]
+pub struct Hop {
+    /// This request was forwarded to us.
+    pub forwarded: bool,
+    /// The caller allows forwarding (`--forward` and `?forward=`).
+    pub forward: bool,
+}
+
+impl Router {
+    pub fn new(node: Node) -> Router {
+        let http = reqwest::Client::builder()
+            .pool_idle_timeout(Duration::from_secs(60))
+            .tcp_nodelay(true)
+            .timeout(Duration::from_secs(30))
+            .build()
+            .unwrap_or_default();
+        Router { node, http, leaders: Arc::new(Mutex::new(HashMap::new())) }
+    }
+
+    /// The HTTP base URL of a node, from the controller's metadata.
+    pub fn node_url(&self, node: NodeId) -> Option<String> {
+        self.node.cluster().nodes.get(&node).map(|n| format!("http://{}", n.http_addr))
+    }
+
+    /// The local replica if this node leads the group.
+    pub fn local_leader(&self, group: GroupId) -> Option<Arc<HostedGroup>> {
+        self.node.group(group).filter(|g| g.raft.is_leader())
+    }
+
+    /// The leader's node id as best known, asking replica nodes when this node hosts none.
+    pub async fn find_leader(&self, record: &PartitionRecord) -> Option<NodeId> {
+        if let Some(hosted) = self.node.group(record.group_id) {
+            return self.node.leader_node(&hosted);
+        }
+        if let Some((node, at)) = self.leaders.lock().ok()?.get(&record.group_id) {
+            if at.elapsed() < LEADER_CACHE_TTL {
+                return Some(*node);
+            }
+        }
+        let leader = self.ask_replicas_for_leader(record).await?;
+        if let Ok(mut cache) = self.leaders.lock() {
+            cache.insert(record.group_id, (leader, Instant::now()));
+        }
+        Some(leader)
+    }
+
+    pub fn forget_leader(&self, group: GroupId) {
+        if let Ok(mut cache) = self.leaders.lock() {
+            cache.remove(&group);
+        }
+    }
+
+    async fn ask_replicas_for_leader(&self, record: &PartitionRecord) -> Option<NodeId> {
+        let statuses = self.statuses(record.replicas.iter().map(|r| r.node_id)).await;
+        statuses
+            .iter()
+            .flat_map(|s| s.groups.iter())
+            .filter(|g| g.group_id == record.group_id && g.leader_node != 0)
+            .max_by_key(|g| g.term)
+            .map(|g| g.leader_node)
+    }
+
+    /// Status of the given nodes (those that answer within a second).
+    pub async fn statuses(&self, nodes: impl IntoIterator<Item = NodeId>) -> Vec<pb::StatusResponse> {
+        let cluster = self.node.cluster();
+        let mut calls = Vec::new();
+        for node in nodes {
+            if node == self.node.node_id() {
+                calls.push(tokio::spawn({
+                    let status = self.node.status();
+                    async move { Some(status) }
+                }));
+                continue;
+            }
+            let Some(addr) = cluster.nodes.get(&node).map(|n| n.rpc_addr.clone()) else { continue };
+            let pool = self.node.pool().clone();
+            calls.push(tokio::spawn(async move {
+                let mut client = pool.client(&addr).ok()?;
+                let mut request = tonic::Request::new(pb::StatusRequest {});
+                request.set_timeout(Duration::from_secs(1));
+                client.status(request).await.ok().map(|r| r.into_inner())
+            }));
+        }
+        let mut out = Vec::new();
+        for call in calls {
+            if let Ok(Some(s)) = call.await {
+                out.push(s);
+            }
+        }
+        out
+    }
+
+    /// Sends the request on to `target`, or answers 421 / 503 when it may not move.
+    pub async fn redirect(
+        &self,
+        target: NodeId,
+        hop: Hop,
+        method: Method,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        body: bytes::Bytes,
+    ) -> Result<Response, ApiError> {
+        let base = self
+            .node_url(target)
+            .ok_or_else(|| ApiError::Unavailable(format!("node {target} has no known address")))?;
+        let url = format!("{base}{path_and_query}");
+        if hop.forwarded {
+            return Err(ApiError::Unavailable(format!(
+                "a forwarded request reached node {} which cannot serve it; node {target} may",
+                self.node.node_id()
+            )));
+        }
+        if !hop.forward {
+            return Err(ApiError::Misdirected {
+                message: format!("node {} cannot serve this request; node {target} can", self.node.node_id()),
+                redirect: Some(url),
+            });
+        }
+        let mut request = self.http.request(method, &url).header(FORWARDED_HEADER, "1").body(body);
+        for name in ["content-type", "authorization"] {
+            if let Some(v) = headers.get(name) {
+                request = request.header(name, v);
+            }
+        }
+        let resp =
+            request.send().await.map_err(|e| ApiError::Unavailable(format!("forwarding to node {target}: {e}")))?;
+        let mut builder = Response::builder().status(resp.status().as_u16());
+        for (name, value) in resp.headers() {
+            let n = name.as_str();
+            if n.starts_with("x-kv-") || n == "content-type" || n == "retry-after" {
+                builder = builder.header(name.as_str(), value.as_bytes());
+            }
+        }
+        let body = resp.bytes().await.map_err(|e| ApiError::Unavailable(format!("forwarded answer: {e}")))?;
+        builder.body(Body::from(body)).map_err(|e| ApiError::Internal(e.to_string()))
+    }
+}

@@ -1,0 +1,205 @@
+//! `logdex serve`: one node.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use logdex_index::IndexConfig;
+use logdex_log::LogConfig;
+use logdex_raft::node::Node;
+use logdex_raft::node::NodeConfig;
+
+use crate::http::AppState;
+use crate::http::Limits;
+use crate::routing::Router;
+
+/// Flags of `logdex serve`; each also reads `LOGDEX_<FLAG>` from the environment.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// This node's id (1 or more), stable across restarts.
+    #[arg(long, env = "LOGDEX_NODE_ID", default_value_t = 1)]
+    pub node_id: u64,
+    /// Directory holding this node's data.
+    #[arg(long, env = "LOGDEX_DATA_DIR", default_value = "./logdex-data")]
+    pub data_dir: PathBuf,
+    /// HTTP listen address.
+    #[arg(long, env = "LOGDEX_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+    pub http_addr: SocketAddr,
+    /// Node-to-node RPC listen address.
+    #[arg(long, env = "LOGDEX_RPC_ADDR", default_value = "127.0.0.1:9090")]
+    pub rpc_addr: SocketAddr,
+    /// HTTP address other nodes and clients use for this node (default: --http-addr).
+    #[arg(long, env = "LOGDEX_ADVERTISE_HTTP_ADDR")]
+    pub advertise_http_addr: Option<String>,
+    /// RPC address other nodes use for this node (default: --rpc-addr).
+    #[arg(long, env = "LOGDEX_ADVERTISE_RPC_ADDR")]
+    pub advertise_rpc_addr: Option<String>,
+    /// Initial cluster, the same on every initial node: `1@host:rpcport,2@host:rpcport,...`.
+    /// Default: this node alone (a single-node cluster).
+    #[arg(long, env = "LOGDEX_PEERS", conflicts_with = "join")]
+    pub peers: Option<String>,
+    /// Join a running cluster through any member's RPC address instead of --peers.
+    #[arg(long, env = "LOGDEX_JOIN")]
+    pub join: Option<String>,
+    /// Forward requests this node cannot serve to a node that can (true), or answer 421 (false).
+    #[arg(long, env = "LOGDEX_FORWARD", default_value_t = true, action = clap::ArgAction::Set)]
+    pub forward: bool,
+    /// Raft heartbeat interval of every group, in milliseconds.
+    #[arg(long, env = "LOGDEX_HEARTBEAT_MS", default_value_t = 250)]
+    pub heartbeat_ms: u64,
+    /// Minimum Raft election timeout, in milliseconds (the maximum is twice this).
+    #[arg(long, env = "LOGDEX_ELECTION_TIMEOUT_MS", default_value_t = 1500)]
+    pub election_timeout_ms: u64,
+    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `logdex_raft=debug`.
+    #[arg(long, env = "LOGDEX_LOG", default_value = "info")]
+    pub log: String,
+}
+
+fn parse_peers(spec: &str) -> Result<Vec<(u64, String)>, String> {
+    spec.split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|item| {
+            let (id, addr) =
+                item.trim().split_once('@').ok_or_else(|| format!("peer {item:?} is not of the form id@host:port"))?;
+            let id: u64 = id.parse().map_err(|_| format!("peer id {id:?} is not a number"))?;
+            if !addr.contains(':') {
+                return Err(format!("peer address {addr:?} lacks a port"));
+            }
+            Ok((id, addr.to_string()))
+        })
+        .collect()
+}
+
+impl ServeArgs {
+    fn node_config(&self) -> Result<NodeConfig, String> {
+        let rpc_addr = self.advertise_rpc_addr.clone().unwrap_or_else(|| self.rpc_addr.to_string());
+        let http_addr = self.advertise_http_addr.clone().unwrap_or_else(|| self.http_addr.to_string());
+        let peers = match &self.peers {
+            Some(spec) => parse_peers(spec)?,
+            None if self.join.is_none() => vec![(self.node_id, rpc_addr.clone())],
+            None => Vec::new(),
+        };
+        let config = NodeConfig {
+            node_id: self.node_id,
+            data_dir: self.data_dir.clone(),
+            rpc_addr,
+            http_addr,
+            peers,
+            join: self.join.clone(),
+            heartbeat_ms: self.heartbeat_ms,
+            election_timeout_min_ms: self.election_timeout_ms,
+            election_timeout_max_ms: self.election_timeout_ms * 2,
+            log: LogConfig::default(),
+            index: IndexConfig::default(),
+        };
+        config.validate().map_err(|e| e.to_string())?;
+        Ok(config)
+    }
+}
+
+pub fn init_tracing(filter: &str) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+pub async fn serve(args: ServeArgs) -> Result<(), String> {
+    init_tracing(&args.log);
+    let config = args.node_config()?;
+    let rpc_listener = tokio::net::TcpListener::bind(args.rpc_addr)
+        .await
+        .map_err(|e| format!("cannot listen on rpc address {}: {e}", args.rpc_addr))?;
+    let http_listener = tokio::net::TcpListener::bind(args.http_addr)
+        .await
+        .map_err(|e| format!("cannot listen on http address {}: {e}", args.http_addr))?;
+    let node = Node::open(config).await.map_err(|e| format!("cannot open node: {e}"))?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+
+    let rpc = logdex_raft::service::server(node.clone());
+    let mut rpc_stop = stop_rx.clone();
+    let rpc_task = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(rpc)
+            .serve_with_incoming_shutdown(tokio_stream_incoming(rpc_listener), async move {
+                let _ = rpc_stop.changed().await;
+            })
+            .await
+    });
+    node.run().await.map_err(|e| format!("cannot start node: {e}"))?;
+
+    let state = AppState::new(Router::new(node.clone()), args.forward, Limits::default());
+    let app = crate::http::app(state);
+    let mut http_stop = stop_rx.clone();
+    let http_task = tokio::spawn(async move {
+        axum::serve(http_listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = http_stop.changed().await;
+            })
+            .await
+    });
+    tracing::info!(node_id = args.node_id, http = %args.http_addr, rpc = %args.rpc_addr, "logdex node serving");
+
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), http_task).await;
+    node.shutdown().await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), rpc_task).await;
+    Ok(())
+}
+
+fn tokio_stream_incoming(
+    listener: tokio::net::TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    futures::stream::unfold(listener, |listener| async move {
+        let item = listener.accept().await.map(|(stream, _)| {
+            let _ = stream.set_nodelay(true);
+            stream
+        });
+        Some((item, listener))
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_parse_id_at_address_lists() -> Result<(), String> {
+        let peers = parse_peers("1@127.0.0.1:9091, 2@127.0.0.1:9092")?;
+        assert_eq!(peers, vec![(1, "127.0.0.1:9091".to_string()), (2, "127.0.0.1:9092".to_string())]);
+        assert!(parse_peers("1-127.0.0.1:9091").is_err());
+        assert!(parse_peers("x@127.0.0.1:9091").is_err());
+        assert!(parse_peers("1@localhost").is_err());
+        Ok(())
+    }
+}

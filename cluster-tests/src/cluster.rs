@@ -1,0 +1,454 @@
+//! A cluster of real `logdex serve` processes on loopback.
+//!
+//! Nodes are numbered by their node id, 1..=n. Each node's data directory is
+//! `<temp dir>/node-<id>/`, and its stdout and stderr go to `<data dir>/node.log` (appended to
+//! across restarts, with a marker line per launch). On failure the temp dir is kept and the tail
+//! of every log is printed.
+
+use std::fs::File;
+use std::fs::OpenOptions;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::net::TcpListener;
+use std::path::Path;
+use std::path::PathBuf;
+use std::process::Child;
+use std::process::Command;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::LazyLock;
+use std::time::Duration;
+use std::time::Instant;
+
+use tempfile::TempDir;
+use tokio::sync::Mutex;
+use tokio::sync::OwnedMutexGuard;
+
+use crate::client::Api;
+use crate::client::TopicDescription;
+use crate::error::Error;
+use crate::error::Result;
+use crate::support::Probe;
+use crate::support::poll_until;
+
+/// How long a node may take from launch to `/readyz` 200.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Launch attempts when a reserved port was taken by someone else in the meantime.
+const START_ATTEMPTS: u32 = 3;
+const READY_POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// Log lines printed per node when a test fails.
+const FAILURE_LOG_LINES: usize = 60;
+/// Set to keep the temp dir (data and logs) even when the test passes.
+pub const KEEP_ENV: &str = "LOGDEX_TEST_KEEP";
+
+/// One cluster at a time per test binary: tests in a binary run on parallel threads, and
+/// several 3-node clusters at once would starve a 2-core machine into election storms.
+static SERIAL: LazyLock<Arc<Mutex<()>>> = LazyLock::new(|| Arc::new(Mutex::new(())));
+
+/// The `logdex` binary under test: `LOGDEX_BIN`, else `<workspace>/target/debug/logdex`.
+/// A missing binary is an error, never a reason to skip.
+pub fn binary_path() -> Result<PathBuf> {
+    let path = match std::env::var_os("LOGDEX_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("target").join("debug").join("logdex"),
+    };
+    if path.is_file() { Ok(path) } else { Err(Error::BinaryMissing { path }) }
+}
+
+/// Real `logdex` processes; dropping it kills every process it started.
+pub struct Cluster {
+    binary: PathBuf,
+    dir: TempDir,
+    peers: String,
+    nodes: Vec<NodeProcess>,
+    api: Api,
+    keep_dir: bool,
+    _serial: OwnedMutexGuard<()>,
+}
+
+struct NodeProcess {
+    id: u64,
+    http_addr: SocketAddr,
+    rpc_addr: SocketAddr,
+    data_dir: PathBuf,
+    log_path: PathBuf,
+    child: Option<Child>,
+    launches: u32,
+}
+
+impl Cluster {
+    /// Starts `n` nodes with the same `--peers` list and waits until every `/readyz` answers 200.
+    pub async fn start(n: usize) -> Result<Cluster> {
+        assert!(n >= 1, "a cluster has at least one node");
+        let serial = SERIAL.clone().lock_owned().await;
+        let binary = binary_path()?;
+        let (dir, nodes, peers) = layout(n)?;
+        let mut cluster = Cluster { binary, dir, peers, nodes, api: Api::new()?, keep_dir: false, _serial: serial };
+        let started = Instant::now();
+        for attempt in 1..=START_ATTEMPTS {
+            let outcome = match cluster.launch_all() {
+                Ok(()) => cluster.wait_ready(&cluster.node_ids(), READY_TIMEOUT).await,
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(()) => {
+                    eprintln!(
+                        "cluster of {n} ready in {} ms, data and logs in {}",
+                        started.elapsed().as_millis(),
+                        cluster.dir.path().display()
+                    );
+                    return Ok(cluster);
+                }
+                Err(e) if attempt < START_ATTEMPTS && cluster.any_log_says_address_in_use() => {
+                    eprintln!("attempt {attempt}: a port was taken ({e}); retrying with fresh ports");
+                    cluster.kill_all_quietly();
+                    let (dir, nodes, peers) = layout(n)?;
+                    (cluster.dir, cluster.nodes, cluster.peers) = (dir, nodes, peers);
+                }
+                Err(e) => {
+                    cluster.report_failure(&e.to_string());
+                    return Err(e);
+                }
+            }
+        }
+        Err(Error::Check(format!("could not start a cluster of {n} in {START_ATTEMPTS} attempts")))
+    }
+
+    /// Node ids, 1..=n.
+    pub fn node_ids(&self) -> Vec<u64> {
+        self.nodes.iter().map(|n| n.id).collect()
+    }
+
+    /// Ids of the nodes whose process the harness has running (not killed).
+    pub fn running_ids(&self) -> Vec<u64> {
+        self.nodes.iter().filter(|n| n.child.is_some()).map(|n| n.id).collect()
+    }
+
+    /// `http://127.0.0.1:PORT` of node `id`.
+    pub fn url(&self, id: u64) -> String {
+        format!("http://{}", self.node(id).http_addr)
+    }
+
+    pub fn api(&self) -> &Api {
+        &self.api
+    }
+
+    pub fn data_dir(&self, id: u64) -> &Path {
+        &self.node(id).data_dir
+    }
+
+    pub fn log_path(&self, id: u64) -> &Path {
+        &self.node(id).log_path
+    }
+
+    /// SIGKILLs node `id` (`Child::kill`) and reaps it. Fails if it had already died on its own.
+    pub fn kill(&mut self, id: u64) -> Result<()> {
+        self.check_alive(id)?;
+        let node = self.node_mut(id);
+        if let Some(mut child) = node.child.take() {
+            let _ = child.kill();
+            child.wait().map_err(|e| Error::io(format!("reaping node {id}"), e))?;
+        }
+        eprintln!("node {id} killed (SIGKILL)");
+        Ok(())
+    }
+
+    /// SIGKILLs every running node at once (all signals before any reaping), then reaps them.
+    pub fn kill_all(&mut self) -> Result<()> {
+        for id in self.running_ids() {
+            self.check_alive(id)?;
+        }
+        let mut killed = Vec::new();
+        for node in &mut self.nodes {
+            if let Some(mut child) = node.child.take() {
+                let _ = child.kill();
+                killed.push((node.id, child));
+            }
+        }
+        for (id, mut child) in killed {
+            child.wait().map_err(|e| Error::io(format!("reaping node {id}"), e))?;
+        }
+        eprintln!("all nodes killed (SIGKILL)");
+        Ok(())
+    }
+
+    /// Stops every node (SIGKILL; the harness needs no graceful stop) and reaps them.
+    pub fn stop_all(&mut self) -> Result<()> {
+        self.kill_all()
+    }
+
+    /// Starts node `id` again with the same flags and data dir, and waits for its `/readyz`.
+    pub async fn restart(&mut self, id: u64) -> Result<()> {
+        self.launch(id)?;
+        self.wait_ready(&[id], READY_TIMEOUT).await
+    }
+
+    /// Starts every stopped node again (all before waiting, so they can form a quorum) and
+    /// waits until every node's `/readyz` answers 200.
+    pub async fn restart_all(&mut self) -> Result<()> {
+        let stopped: Vec<u64> = self.nodes.iter().filter(|n| n.child.is_none()).map(|n| n.id).collect();
+        for &id in &stopped {
+            self.launch(id)?;
+        }
+        self.wait_ready(&self.node_ids(), READY_TIMEOUT).await
+    }
+
+    /// Describes `topic` through the first running node that answers 200.
+    pub async fn describe(&self, topic: &str) -> Result<TopicDescription> {
+        let mut last = String::from("no running node");
+        for id in self.running_ids() {
+            match self.api.describe(&self.url(id), topic).await {
+                Ok(reply) if reply.status == 200 => return reply.decode(),
+                Ok(reply) => last = reply.summary(),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(Error::Check(format!("no running node described topic {topic}; last: {last}")))
+    }
+
+    /// Polls describe until every partition of `topic` has a leader that is a running node.
+    pub async fn wait_for_leaders(&self, topic: &str, timeout: Duration) -> Result<TopicDescription> {
+        let what = format!("a running leader for every partition of {topic}");
+        poll_until(&what, timeout, Duration::from_millis(200), || async {
+            let running = self.running_ids();
+            let mut seen = Vec::new();
+            for id in &running {
+                let reply = match self.api.describe(&self.url(*id), topic).await {
+                    Ok(reply) if reply.status == 200 => reply,
+                    Ok(reply) => {
+                        seen.push(reply.summary());
+                        continue;
+                    }
+                    Err(e) => {
+                        seen.push(e.to_string());
+                        continue;
+                    }
+                };
+                let description: TopicDescription = reply.decode()?;
+                let led = description.partitions.iter().all(|p| p.leader.is_some_and(|l| running.contains(&l)));
+                if led && !description.partitions.is_empty() {
+                    return Ok(Probe::Ready(description));
+                }
+                let leaders: Vec<_> = description.partitions.iter().map(|p| (p.partition, p.leader)).collect();
+                seen.push(format!("node {id}: (partition, leader) {leaders:?}, running {running:?}"));
+            }
+            Ok(Probe::NotYet(seen.join("; ")))
+        })
+        .await
+    }
+
+    /// The last `lines` lines of node `id`'s log.
+    pub fn log_tail(&self, id: u64, lines: usize) -> String {
+        let path = &self.node(id).log_path;
+        match std::fs::read(path) {
+            Ok(bytes) => {
+                let text = String::from_utf8_lossy(&bytes);
+                let all: Vec<&str> = text.lines().collect();
+                all[all.len().saturating_sub(lines)..].join("\n")
+            }
+            Err(e) => format!("<cannot read {}: {e}>", path.display()),
+        }
+    }
+
+    /// Ends a test: on `Err`, prints every node's log tail and keeps the temp dir; then drops
+    /// the cluster (killing its processes) and returns `outcome` unchanged.
+    pub fn finish(mut self, outcome: Result<()>) -> Result<()> {
+        if let Err(e) = &outcome {
+            self.report_failure(&e.to_string());
+        }
+        outcome
+    }
+
+    fn node(&self, id: u64) -> &NodeProcess {
+        self.nodes
+            .iter()
+            .find(|n| n.id == id)
+            .unwrap_or_else(|| panic!("node {id} is not in this cluster of {}", self.nodes.len()))
+    }
+
+    fn node_mut(&mut self, id: u64) -> &mut NodeProcess {
+        let size = self.nodes.len();
+        self.nodes
+            .iter_mut()
+            .find(|n| n.id == id)
+            .unwrap_or_else(|| panic!("node {id} is not in this cluster of {size}"))
+    }
+
+    fn launch_all(&mut self) -> Result<()> {
+        for id in self.node_ids() {
+            self.launch(id)?;
+        }
+        Ok(())
+    }
+
+    fn launch(&mut self, id: u64) -> Result<()> {
+        let binary = self.binary.clone();
+        let peers = self.peers.clone();
+        let node = self.node_mut(id);
+        if node.child.is_some() {
+            return Err(Error::Check(format!("node {id} is already running")));
+        }
+        node.launches += 1;
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&node.log_path)
+            .map_err(|e| Error::io(format!("opening {}", node.log_path.display()), e))?;
+        let _ = writeln!(log, "===== harness: launch #{} of node {id} =====", node.launches);
+        let stdout = log.try_clone().map_err(|e| Error::io("duplicating the log handle", e))?;
+        let mut command = Command::new(&binary);
+        command
+            .arg("serve")
+            .args(["--node-id", &id.to_string()])
+            .arg("--data-dir")
+            .arg(&node.data_dir)
+            .args(["--http-addr", &node.http_addr.to_string()])
+            .args(["--rpc-addr", &node.rpc_addr.to_string()])
+            .args(["--peers", &peers]);
+        // Every flag also reads LOGDEX_<FLAG>: keep ambient settings out, except the log filter.
+        for (name, _) in std::env::vars_os() {
+            let name_text = name.to_string_lossy();
+            if name_text.starts_with("LOGDEX_") && name_text != "LOGDEX_LOG" {
+                command.env_remove(&name);
+            }
+        }
+        command.env("RUST_BACKTRACE", "1").stdin(Stdio::null()).stdout(stdout).stderr(File::from(log));
+        let child =
+            command.spawn().map_err(|e| Error::io(format!("spawning {} for node {id}", binary.display()), e))?;
+        node.child = Some(child);
+        Ok(())
+    }
+
+    /// Polls `/readyz` of `ids` until each answers 200; a node process that exits is an error.
+    async fn wait_ready(&mut self, ids: &[u64], timeout: Duration) -> Result<()> {
+        let started = Instant::now();
+        let attempts_max = timeout.as_millis() / READY_POLL_INTERVAL.as_millis() + 2;
+        let mut pending: Vec<u64> = ids.to_vec();
+        let mut last = Vec::new();
+        for _ in 0..attempts_max {
+            last.clear();
+            for id in pending.clone() {
+                self.check_alive(id)?;
+                match self.api.readyz(&self.url(id)).await {
+                    Ok(reply) if reply.status == 200 => pending.retain(|p| *p != id),
+                    Ok(reply) => last.push(format!("node {id}: {}", reply.summary())),
+                    Err(e) => last.push(format!("node {id}: {e}")),
+                }
+            }
+            if pending.is_empty() {
+                return Ok(());
+            }
+            if started.elapsed() >= timeout {
+                break;
+            }
+            tokio::time::sleep(READY_POLL_INTERVAL).await;
+        }
+        Err(Error::Timeout {
+            what: format!("/readyz 200 from nodes {pending:?}"),
+            waited_ms: started.elapsed().as_millis(),
+            last: last.join("; "),
+        })
+    }
+
+    /// `Err(NodeExited)` if node `id` was started by the harness and has exited since.
+    fn check_alive(&mut self, id: u64) -> Result<()> {
+        let node = self.node_mut(id);
+        let Some(child) = node.child.as_mut() else {
+            return Err(Error::Check(format!("node {id} is not running (killed by the test)")));
+        };
+        match child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => {
+                node.child = None;
+                Err(Error::NodeExited { node_id: id, status: status.to_string(), log_tail: self.log_tail(id, 30) })
+            }
+            Err(e) => Err(Error::io(format!("checking node {id}"), e)),
+        }
+    }
+
+    fn any_log_says_address_in_use(&self) -> bool {
+        self.nodes.iter().any(|n| {
+            std::fs::read(&n.log_path).is_ok_and(|bytes| {
+                let text = String::from_utf8_lossy(&bytes).to_lowercase();
+                text.contains("address already in use") || text.contains("addrinuse") || text.contains("os error 98")
+            })
+        })
+    }
+
+    fn kill_all_quietly(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(mut child) = node.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+
+    /// Prints the tail of every node's log and keeps the temp dir for diagnosis.
+    fn report_failure(&mut self, reason: &str) {
+        self.keep_dir = true;
+        eprintln!("===== test failed: {reason}");
+        for id in self.node_ids() {
+            eprintln!(
+                "===== node {id}: last {FAILURE_LOG_LINES} lines of {}\n{}",
+                self.node(id).log_path.display(),
+                self.log_tail(id, FAILURE_LOG_LINES)
+            );
+        }
+        eprintln!("===== data dirs and full logs kept in {}", self.dir.path().display());
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() && !self.keep_dir {
+            self.report_failure("the test panicked");
+        }
+        self.kill_all_quietly();
+        if self.keep_dir || std::env::var_os(KEEP_ENV).is_some() {
+            self.dir.disable_cleanup(true);
+            eprintln!("kept {}", self.dir.path().display());
+        }
+    }
+}
+
+/// A fresh temp dir, node directories and free ports for `n` nodes, and the `--peers` list.
+fn layout(n: usize) -> Result<(TempDir, Vec<NodeProcess>, String)> {
+    let dir = tempfile::Builder::new()
+        .prefix("logdex-cluster-")
+        .tempdir()
+        .map_err(|e| Error::io("creating the cluster temp dir", e))?;
+    let ports = reserve_ports(2 * n)?;
+    let mut nodes = Vec::with_capacity(n);
+    for (i, pair) in ports.chunks(2).enumerate() {
+        let id = i as u64 + 1;
+        let data_dir = dir.path().join(format!("node-{id}"));
+        std::fs::create_dir_all(&data_dir).map_err(|e| Error::io(format!("creating {}", data_dir.display()), e))?;
+        nodes.push(NodeProcess {
+            id,
+            http_addr: SocketAddr::from(([127, 0, 0, 1], pair[0])),
+            rpc_addr: SocketAddr::from(([127, 0, 0, 1], pair[1])),
+            log_path: data_dir.join("node.log"),
+            data_dir,
+            child: None,
+            launches: 0,
+        });
+    }
+    let peers = nodes.iter().map(|n| format!("{}@{}", n.id, n.rpc_addr)).collect::<Vec<_>>().join(",");
+    Ok((dir, nodes, peers))
+}
+
+/// `count` distinct free loopback ports: bound together on port 0 (so the kernel hands out
+/// distinct ones), then released for the nodes to take. Another process can take one in
+/// between; `Cluster::start` retries with fresh ports when a node reports that.
+fn reserve_ports(count: usize) -> Result<Vec<u16>> {
+    let listeners = (0..count)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()
+        .map_err(|e| Error::io("binding 127.0.0.1:0 to find free ports", e))?;
+    listeners
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect::<std::io::Result<Vec<_>>>()
+        .map_err(|e| Error::io("reading a reserved port", e))
+}

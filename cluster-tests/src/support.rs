@@ -1,0 +1,126 @@
+//! Bounded polling, transient-failure retries, and the random seed of a test.
+
+use std::future::Future;
+use std::time::Duration;
+use std::time::Instant;
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+use crate::client::Reply;
+use crate::error::Error;
+use crate::error::Result;
+
+/// The environment variable that replays a randomized test.
+pub const SEED_ENV: &str = "LOGDEX_TEST_SEED";
+
+/// The seed of a randomized test: `LOGDEX_TEST_SEED` if set, else a fresh one. Printed (the
+/// test runner shows it when the test fails) so that any failure replays.
+pub fn test_rng(test: &str) -> Result<(u64, StdRng)> {
+    let seed = match std::env::var(SEED_ENV) {
+        Ok(text) => text
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| Error::Check(format!("{SEED_ENV}={text:?} is not an unsigned integer")))?,
+        Err(_) => rand::random::<u64>(),
+    };
+    eprintln!("[{test}] seed {seed} (replay with {SEED_ENV}={seed})");
+    Ok((seed, StdRng::seed_from_u64(seed)))
+}
+
+/// What a probe of [`poll_until`] saw.
+pub enum Probe<T> {
+    Ready(T),
+    /// Not yet; the text describes what was seen, for the timeout message.
+    NotYet(String),
+}
+
+/// Calls `probe` every `interval` until it is `Ready`, fails (a fatal `Err`), or `timeout`
+/// passes; bounded both by the deadline and by a count of attempts.
+pub async fn poll_until<T, F, Fut>(what: &str, timeout: Duration, interval: Duration, mut probe: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Probe<T>>>,
+{
+    let started = Instant::now();
+    let attempts_max = timeout.as_millis() / interval.as_millis().max(1) + 2;
+    let mut last = String::from("no attempt made");
+    for _ in 0..attempts_max {
+        match probe().await? {
+            Probe::Ready(value) => return Ok(value),
+            Probe::NotYet(seen) => last = seen,
+        }
+        if started.elapsed() >= timeout {
+            break;
+        }
+        tokio::time::sleep(interval).await;
+    }
+    Err(Error::Timeout { what: what.to_string(), waited_ms: started.elapsed().as_millis(), last })
+}
+
+/// Status codes the design allows while the cluster settles (no leader, not caught up, timeout).
+pub fn is_transient_status(status: u16) -> bool {
+    matches!(status, 502 | 503 | 504)
+}
+
+/// Sends a request until it gets an answer that is not transient (a 502/503/504 or no HTTP
+/// answer at all), within `timeout`; returns that answer.
+pub async fn settled<F, Fut>(what: &str, timeout: Duration, mut send: F) -> Result<Reply>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Reply>>,
+{
+    poll_until(what, timeout, Duration::from_millis(200), || {
+        let attempt = send();
+        async move {
+            match attempt.await {
+                Ok(reply) if is_transient_status(reply.status) => Ok(Probe::NotYet(reply.summary())),
+                Ok(reply) => Ok(Probe::Ready(reply)),
+                Err(e) if e.is_transport() => Ok(Probe::NotYet(e.to_string())),
+                Err(e) => Err(e),
+            }
+        }
+    })
+    .await
+}
+
+/// Collects failures of many independent checks, so one report shows how widespread a fault is.
+#[derive(Default)]
+pub struct Failures {
+    count: usize,
+    first: Vec<String>,
+}
+
+impl Failures {
+    const SHOWN_MAX: usize = 8;
+
+    pub fn add(&mut self, failure: impl Into<String>) {
+        self.count += 1;
+        if self.first.len() < Self::SHOWN_MAX {
+            self.first.push(failure.into());
+        }
+    }
+
+    pub fn record<T>(&mut self, result: Result<T>) -> Option<T> {
+        match result {
+            Ok(value) => Some(value),
+            Err(e) => {
+                self.add(e.to_string());
+                None
+            }
+        }
+    }
+
+    /// `Ok` when nothing failed, else one `Check` error listing the first failures.
+    pub fn into_result(self, checked: usize, what: &str) -> Result<()> {
+        if self.count == 0 {
+            return Ok(());
+        }
+        Err(Error::Check(format!(
+            "{} of {checked} {what} failed; the first {}:\n  - {}",
+            self.count,
+            self.first.len(),
+            self.first.join("\n  - ")
+        )))
+    }
+}

@@ -1,0 +1,111 @@
+//! `IndexConfig`: plain data with defaults and `validate()`.
+
+use crate::encoding::DATA_PREFIX_BYTES;
+use crate::error::{Error, Result};
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+
+/// fjall refuses keys longer than this (u16 length prefix).
+const FJALL_KEY_BYTES_MAX: usize = 65_536;
+
+/// fjall asserts `max_journaling_size >= 64 MiB`.
+const FJALL_JOURNAL_BYTES_MIN: u64 = 64 * MIB;
+
+/// Configuration of one node's key index.
+///
+/// Memtable sizes are fixed when the keyspaces are first created (fjall stores
+/// them); changing `memtable_bytes_max` later has no effect on an existing index.
+#[derive(Clone, Debug)]
+pub struct IndexConfig {
+    /// Longest user key accepted by `apply`, `rebuild` and `get` (default 16 KiB).
+    pub key_bytes_max: usize,
+    /// Block cache shared by both keyspaces (default 64 MiB).
+    pub cache_bytes: u64,
+    /// Memtable size of the data keyspace before it is flushed (default 32 MiB).
+    pub memtable_bytes_max: u64,
+    /// Upper bound of sealed journal bytes before fjall forces flushes
+    /// (default 256 MiB, fjall's minimum is 64 MiB). The active journal adds up
+    /// to 64 MiB on top (fjall rotates it at that size).
+    pub journal_bytes_max: u64,
+    /// Flush memtables after this long without writes, so that idle data does
+    /// not sit in memory and in the journal (default 5000 ms; 0 disables).
+    pub idle_flush_ms: u64,
+    /// Memory bound of one sorted run while rebuilding (default 64 MiB of keys).
+    pub rebuild_chunk_bytes_max: u64,
+    /// Longest time a dropped generation or a raised watermark waits for an
+    /// fsync before the compaction filter may remove its entries; the
+    /// background thread issues that fsync if `persist` was not called
+    /// (default 1000 ms; 0 disables, then only `persist` releases them).
+    pub gc_sync_interval_ms: u64,
+    /// fjall flush and compaction threads (default 2).
+    pub worker_threads: usize,
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        Self {
+            key_bytes_max: 16 * 1024,
+            cache_bytes: 64 * MIB,
+            memtable_bytes_max: 32 * MIB,
+            journal_bytes_max: 256 * MIB,
+            idle_flush_ms: 5_000,
+            rebuild_chunk_bytes_max: 64 * MIB,
+            gc_sync_interval_ms: 1_000,
+            worker_threads: 2,
+        }
+    }
+}
+
+impl IndexConfig {
+    /// Checks every field; `Index::open` calls this first.
+    pub fn validate(&self) -> Result<()> {
+        let key_max = FJALL_KEY_BYTES_MAX - DATA_PREFIX_BYTES;
+        check(
+            "key_bytes_max",
+            self.key_bytes_max as u64,
+            self.key_bytes_max >= 1 && self.key_bytes_max <= key_max,
+            "must be 1..=65524 (fjall's 64 KiB key limit minus the 12-byte prefix)",
+        )?;
+        check("cache_bytes", self.cache_bytes, self.cache_bytes >= MIB, "must be at least 1 MiB")?;
+        check(
+            "memtable_bytes_max",
+            self.memtable_bytes_max,
+            (MIB..=1024 * MIB).contains(&self.memtable_bytes_max),
+            "must be 1 MiB..=1 GiB",
+        )?;
+        check(
+            "journal_bytes_max",
+            self.journal_bytes_max,
+            self.journal_bytes_max >= FJALL_JOURNAL_BYTES_MIN,
+            "must be at least 64 MiB (fjall minimum)",
+        )?;
+        check(
+            "rebuild_chunk_bytes_max",
+            self.rebuild_chunk_bytes_max,
+            self.rebuild_chunk_bytes_max >= MIB,
+            "must be at least 1 MiB",
+        )?;
+        check("worker_threads", self.worker_threads as u64, (1..=64).contains(&self.worker_threads), "must be 1..=64")
+    }
+}
+
+fn check(field: &'static str, value: u64, ok: bool, reason: &'static str) -> Result<()> {
+    if ok { Ok(()) } else { Err(Error::InvalidConfig { field, value, reason }) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_config_is_valid() -> Result<()> {
+        IndexConfig::default().validate()
+    }
+
+    #[test]
+    fn journal_below_fjall_minimum_is_rejected() {
+        let config = IndexConfig { journal_bytes_max: MIB, ..IndexConfig::default() };
+        assert!(matches!(config.validate(), Err(Error::InvalidConfig { field: "journal_bytes_max", .. })));
+    }
+}

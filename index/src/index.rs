@@ -1,0 +1,572 @@
+//! `Index`: the public handle, open/load, writes, reads and persistence.
+
+use crate::config::IndexConfig;
+use crate::encoding::{
+    DataKey, FIRST_GENERATION, FORMAT_VERSION, Generation, GroupRecord, META_FORMAT_VERSION_KEY, META_GROUP_PREFIX,
+    META_NEXT_GENERATION_KEY, NO_GENERATION, decode_applied, decode_group_meta_key, decode_offset, decode_u32,
+    decode_u64, encode_applied, encode_offset, encode_u32, encode_u64, group_meta_key,
+};
+use crate::error::{Error, Result, fjall_err};
+use crate::filter::GenerationFilterFactory;
+use crate::groups::{GroupState, Registry};
+use crate::maintenance::{Activity, Maintenance};
+use crate::{AppliedMarker, GroupId, Lookup, Offset, Update};
+use fjall::compaction::filter::Factory;
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, OwnedWriteBatch, PersistMode, Slice};
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+pub(crate) const DATA_KEYSPACE: &str = "data";
+pub(crate) const META_KEYSPACE: &str = "meta";
+/// Meta records are small: a small memtable keeps them from pinning journals.
+const META_MEMTABLE_BYTES: u64 = 8 * 1024 * 1024;
+
+/// The key index of one node. Cheap to clone; `Send + Sync`: many threads may
+/// call `get` while others write. Writes of one group are serialized
+/// internally; the background maintenance thread stops when the last clone
+/// is dropped.
+#[derive(Clone)]
+pub struct Index {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    // Declared first so it drops first: the thread stops before the database closes.
+    _maintenance: Maintenance,
+    shared: Arc<Shared>,
+}
+
+/// State shared by the handles and the maintenance thread.
+pub(crate) struct Shared {
+    pub(crate) db: Database,
+    pub(crate) data: Keyspace,
+    pub(crate) meta: Keyspace,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) config: IndexConfig,
+    pub(crate) activity: Activity,
+    path: PathBuf,
+    /// Next generation to hand out; held until the batch recording it commits,
+    /// so the counter's writes commit in allocation order.
+    next_generation: Mutex<Generation>,
+    /// Serializes `persist` (one promotion at a time).
+    persist_lock: Mutex<()>,
+}
+
+/// A generation handed out but not yet in a committed batch.
+pub(crate) struct NewGeneration<'a> {
+    _allocation: MutexGuard<'a, Generation>,
+    pub(crate) generation: Generation,
+}
+
+impl Index {
+    /// Opens (or creates) the index in directory `path`.
+    pub fn open(path: &Path, config: IndexConfig) -> Result<Index> {
+        config.validate()?;
+        let registry = Arc::new(Registry::default());
+        let factory: Arc<dyn Factory> = Arc::new(GenerationFilterFactory::new(registry.clone()));
+        let open_err = |source| Error::Open { path: path.to_path_buf(), source };
+        let db = Database::builder(path)
+            .cache_size(config.cache_bytes)
+            .max_journaling_size(config.journal_bytes_max)
+            .worker_threads(config.worker_threads)
+            .with_compaction_filter_factories(Arc::new(move |keyspace: &str| {
+                (keyspace == DATA_KEYSPACE).then(|| factory.clone())
+            }))
+            .open()
+            .map_err(open_err)?;
+        let memtable_bytes = config.memtable_bytes_max;
+        let data = db
+            .keyspace(DATA_KEYSPACE, || KeyspaceCreateOptions::default().max_memtable_size(memtable_bytes))
+            .map_err(open_err)?;
+        let meta = db
+            .keyspace(META_KEYSPACE, || {
+                KeyspaceCreateOptions::default().max_memtable_size(META_MEMTABLE_BYTES).expect_point_read_hits(true)
+            })
+            .map_err(open_err)?;
+        let shared = Arc::new(Shared {
+            db,
+            data,
+            meta,
+            registry,
+            config,
+            activity: Activity::new(),
+            path: path.to_path_buf(),
+            next_generation: Mutex::new(FIRST_GENERATION),
+            persist_lock: Mutex::new(()),
+        });
+        shared.load(path)?;
+        shared.registry.set_ready();
+        let maintenance = Maintenance::start(shared.clone())?;
+        tracing::info!(
+            path = %path.display(),
+            groups = shared.registry.group_count(),
+            "index opened"
+        );
+        Ok(Index { inner: Arc::new(Inner { _maintenance: maintenance, shared }) })
+    }
+
+    /// Writes `updates` and `marker` of `group` in one atomic batch.
+    ///
+    /// Later updates of the same key in `updates` win. Keys longer than
+    /// `key_bytes_max` fail with `Error::KeyTooLong` before anything is written.
+    /// Re-applying the same updates is idempotent. Buffered: survives a process
+    /// kill; `persist` makes it survive power loss.
+    pub fn apply(&self, group: GroupId, updates: &[Update<'_>], marker: &AppliedMarker) -> Result<()> {
+        let shared = self.shared();
+        shared.check_key_lengths(group, updates.iter().map(Update::key))?;
+        shared.with_group_write(group, |state| {
+            let mut batch = shared.db.batch();
+            let new_generation = shared.prepare_group(group, state, &mut batch)?;
+            let generation =
+                new_generation.as_ref().map_or_else(|| state.live.load(Ordering::Acquire), |new| new.generation);
+            let mut key_estimate = state.key_estimate.load(Ordering::Relaxed);
+            let superseded = superseded_updates(updates);
+            for (position, update) in updates.iter().enumerate() {
+                if superseded.contains(&position) {
+                    continue;
+                }
+                let key = Slice::from(DataKey::new(group, generation, update.key()).as_ref());
+                match update {
+                    Update::Put { offset, .. } => {
+                        batch.insert(&shared.data, key, encode_offset(*offset).as_ref());
+                        key_estimate = key_estimate.saturating_add(1);
+                    }
+                    Update::Delete { .. } => {
+                        batch.remove(&shared.data, key);
+                        key_estimate = key_estimate.saturating_sub(1);
+                    }
+                }
+            }
+            batch.insert(
+                &shared.meta,
+                group_meta_key(group, GroupRecord::Applied),
+                encode_applied(marker, key_estimate),
+            );
+            shared.commit("apply", group, state, batch, new_generation)?;
+            state.key_estimate.store(key_estimate, Ordering::Relaxed);
+            Ok(())
+        })
+    }
+
+    /// Looks `key` up in `group`: one fjall point read.
+    pub fn get(&self, group: GroupId, key: &[u8]) -> Result<Lookup> {
+        let shared = self.shared();
+        shared.check_key_lengths(group, std::iter::once(key))?;
+        let Some(state) = shared.registry.get(group) else {
+            return Ok(Lookup::NotFound);
+        };
+        shared.lookup(group, &state, key)
+    }
+
+    /// Looks several keys of `group` up; answers in the order of `keys`.
+    pub fn get_many(&self, group: GroupId, keys: &[&[u8]]) -> Result<Vec<Lookup>> {
+        let shared = self.shared();
+        shared.check_key_lengths(group, keys.iter().copied())?;
+        let Some(state) = shared.registry.get(group) else {
+            return Ok(vec![Lookup::NotFound; keys.len()]);
+        };
+        keys.iter().map(|key| shared.lookup(group, &state, key)).collect()
+    }
+
+    /// The group's applied marker; `None` for a group never written or dropped.
+    pub fn applied(&self, group: GroupId) -> Result<Option<AppliedMarker>> {
+        let shared = self.shared();
+        if shared.registry.get(group).is_none() {
+            return Ok(None);
+        }
+        let key = group_meta_key(group, GroupRecord::Applied);
+        let Some(value) = shared.meta.get(key).map_err(fjall_err("applied", Some(group)))? else {
+            return Ok(None);
+        };
+        let (marker, _) = decode_applied(&value).ok_or(Error::CorruptMeta {
+            record: "applied",
+            group: Some(group),
+            len: value.len(),
+        })?;
+        Ok(Some(marker))
+    }
+
+    /// Writes the marker alone (after entries without records).
+    pub fn set_applied(&self, group: GroupId, marker: &AppliedMarker) -> Result<()> {
+        self.apply(group, &[], marker)
+    }
+
+    /// Raises the group's cleanup watermark (lower values are ignored). Lookups
+    /// of entries below it answer `Evicted`; compactions remove those entries
+    /// once the raise is fsynced. Stored in the meta keyspace (buffered, like
+    /// `apply`).
+    pub fn set_watermark(&self, group: GroupId, offset: Offset) -> Result<()> {
+        let shared = self.shared();
+        shared.with_group_write(group, |state| {
+            if offset <= state.watermark.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            let mut batch = shared.db.batch();
+            let new_generation = shared.prepare_group(group, state, &mut batch)?;
+            batch.insert(&shared.meta, group_meta_key(group, GroupRecord::Watermark), encode_u64(offset));
+            shared.commit("set_watermark", group, state, batch, new_generation)?;
+            shared.registry.watermark_raised(state, offset);
+            Ok(())
+        })
+    }
+
+    /// The group's cleanup watermark (0 if never set).
+    pub fn watermark(&self, group: GroupId) -> Result<Offset> {
+        Ok(self.shared().registry.get(group).map_or(0, |state| state.watermark.load(Ordering::Acquire)))
+    }
+
+    /// Drops the group: O(1) (one small batch removing its meta records).
+    /// Afterwards `applied` is `None` and `get` answers `NotFound`; a later
+    /// group with the same id starts empty. Compactions remove the entries once
+    /// the drop is fsynced.
+    pub fn drop_group(&self, group: GroupId) -> Result<()> {
+        let shared = self.shared();
+        let Some(state) = shared.registry.get(group) else {
+            return Ok(());
+        };
+        let _writes = state.lock_writes();
+        if state.is_detached() {
+            return Ok(());
+        }
+        let mut batch = shared.db.batch();
+        for record in GroupRecord::ALL {
+            batch.remove(&shared.meta, group_meta_key(group, record));
+        }
+        batch.commit().map_err(fjall_err("drop_group", Some(group)))?;
+        shared.registry.retire(group, &state);
+        shared.activity.touch();
+        tracing::info!(group, "index group dropped");
+        Ok(())
+    }
+
+    /// Makes every earlier write survive power loss (fdatasync of the journal),
+    /// then lets the compaction filter reclaim what those writes made dead.
+    pub fn persist(&self) -> Result<()> {
+        self.shared().persist()
+    }
+
+    /// A cheap estimate of the group's live keys, for metrics: exact after a
+    /// rebuild, then plus one per put and minus one per delete. Overwrites of
+    /// an existing key and deletes of a missing key make it drift (upwards for
+    /// update-heavy groups) until the next rebuild.
+    pub fn key_count_estimate(&self, group: GroupId) -> Result<u64> {
+        Ok(self.shared().registry.get(group).map_or(0, |state| state.key_estimate.load(Ordering::Relaxed)))
+    }
+
+    /// Blocking maintenance for tests, benchmarks and operators: persist, flush
+    /// both memtables, then compact the data keyspace into its last level,
+    /// running the compaction filter over everything.
+    pub fn compact(&self) -> Result<()> {
+        let shared = self.shared();
+        shared.persist()?;
+        for keyspace in [&shared.data, &shared.meta] {
+            keyspace.rotate_memtable_and_wait().map_err(fjall_err("compact", None))?;
+        }
+        shared.data.major_compact().map_err(fjall_err("compact", None))
+    }
+
+    /// Sizes and counts for metrics and benchmarks (reads file metadata: not
+    /// for the hot path).
+    pub fn stats(&self) -> Result<IndexStats> {
+        let shared = self.shared();
+        let (journal_files, journal_bytes) = journal_usage(&shared.path)?;
+        Ok(IndexStats {
+            groups: shared.registry.group_count(),
+            disk_bytes: shared.db.disk_space().map_err(fjall_err("stats", None))?,
+            journal_files,
+            journal_bytes,
+            data_tables: shared.data.table_count(),
+            data_table_bytes: shared.data.disk_space(),
+            write_buffer_bytes: shared.db.write_buffer_size(),
+            cleanup_pending: shared.registry.has_pending(),
+        })
+    }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.inner.shared
+    }
+}
+
+impl Shared {
+    /// Loads the meta keyspace into the registry.
+    fn load(&self, path: &Path) -> Result<()> {
+        self.check_format_version(path)?;
+        let mut next = match self.meta.get(META_NEXT_GENERATION_KEY).map_err(fjall_err("open", None))? {
+            Some(value) => decode_u32(&value).ok_or(Error::CorruptMeta {
+                record: "next_generation",
+                group: None,
+                len: value.len(),
+            })?,
+            None => FIRST_GENERATION,
+        };
+        let mut orphans = Vec::new();
+        for (group, loaded) in self.read_group_records()? {
+            let Some(generation) = loaded.generation else {
+                orphans.push(group);
+                continue;
+            };
+            next = next.max(generation.saturating_add(1));
+            self.registry.insert_loaded(group, GroupState::loaded(generation, loaded.watermark, loaded.key_estimate));
+        }
+        *self.lock_next_generation() = next;
+        self.remove_orphans(&orphans)
+    }
+
+    fn check_format_version(&self, path: &Path) -> Result<()> {
+        let stored = self.meta.get(META_FORMAT_VERSION_KEY).map_err(fjall_err("open", None))?;
+        match stored {
+            Some(version) if version.as_ref() == [FORMAT_VERSION] => Ok(()),
+            Some(version) => Err(Error::UnsupportedFormat {
+                path: path.to_path_buf(),
+                found: version.first().copied().unwrap_or_default(),
+                expected: FORMAT_VERSION,
+            }),
+            None => self.meta.insert(META_FORMAT_VERSION_KEY, [FORMAT_VERSION]).map_err(fjall_err("open", None)),
+        }
+    }
+
+    fn read_group_records(&self) -> Result<HashMap<GroupId, LoadedGroup>> {
+        let mut groups: HashMap<GroupId, LoadedGroup> = HashMap::new();
+        for guard in self.meta.prefix(META_GROUP_PREFIX) {
+            let (key, value) = guard.into_inner().map_err(fjall_err("open", None))?;
+            let Some(decoded) = decode_group_meta_key(&key) else {
+                continue;
+            };
+            let (group, record) =
+                decoded.map_err(|len| Error::CorruptMeta { record: "group key", group: None, len })?;
+            let corrupt = |record| Error::CorruptMeta { record, group: Some(group), len: value.len() };
+            let loaded = groups.entry(group).or_default();
+            match record {
+                GroupRecord::Generation => {
+                    loaded.generation = Some(decode_u32(&value).ok_or(corrupt("generation"))?);
+                }
+                GroupRecord::Applied => {
+                    loaded.key_estimate = decode_applied(&value).ok_or(corrupt("applied"))?.1;
+                }
+                GroupRecord::Watermark => {
+                    loaded.watermark = decode_u64(&value).ok_or(corrupt("watermark"))?;
+                }
+            }
+        }
+        Ok(groups)
+    }
+
+    /// Records without a generation record cannot be written by this code
+    /// (drops remove all of a group's records in one batch); remove them so a
+    /// later group with the same id cannot see them.
+    fn remove_orphans(&self, orphans: &[GroupId]) -> Result<()> {
+        if orphans.is_empty() {
+            return Ok(());
+        }
+        tracing::warn!(count = orphans.len(), "removing orphan meta records");
+        let mut batch = self.db.batch();
+        for group in orphans {
+            for record in GroupRecord::ALL {
+                batch.remove(&self.meta, group_meta_key(*group, record));
+            }
+        }
+        batch.commit().map_err(fjall_err("open", None))
+    }
+
+    pub(crate) fn check_key_lengths<'k>(&self, group: GroupId, keys: impl Iterator<Item = &'k [u8]>) -> Result<()> {
+        let max = self.config.key_bytes_max;
+        for key in keys {
+            if key.len() > max {
+                return Err(Error::KeyTooLong { group, len: key.len(), max });
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `f` holding the group's write lock, creating the group in memory
+    /// if needed (it exists on disk once `f` commits a batch from `prepare_group`).
+    pub(crate) fn with_group_write<T>(
+        &self,
+        group: GroupId,
+        f: impl FnOnce(&Arc<GroupState>) -> Result<T>,
+    ) -> Result<T> {
+        loop {
+            let state = self.registry.get_or_insert(group);
+            let _writes = state.lock_writes();
+            if state.is_detached() {
+                // Dropped between the look-up and the lock: use the new state.
+                continue;
+            }
+            return f(&state);
+        }
+    }
+
+    /// If the group has no generation yet, allocates one and adds its records
+    /// to `batch`. Call holding the group's write lock.
+    pub(crate) fn prepare_group<'a>(
+        &'a self,
+        group: GroupId,
+        state: &GroupState,
+        batch: &mut OwnedWriteBatch,
+    ) -> Result<Option<NewGeneration<'a>>> {
+        if state.live.load(Ordering::Acquire) != NO_GENERATION {
+            return Ok(None);
+        }
+        let new = self.allocate_generation(group, batch)?;
+        state.building.store(new.generation, Ordering::Release);
+        batch.insert(&self.meta, group_meta_key(group, GroupRecord::Generation), encode_u32(new.generation));
+        Ok(Some(new))
+    }
+
+    /// Hands out a fresh generation and adds the counter update to `batch`.
+    pub(crate) fn allocate_generation(&self, group: GroupId, batch: &mut OwnedWriteBatch) -> Result<NewGeneration<'_>> {
+        let mut next = self.lock_next_generation();
+        let generation = *next;
+        let after = generation.checked_add(1).ok_or(Error::GenerationsExhausted { group })?;
+        // Advanced in memory even if the batch fails: a number is never reused.
+        *next = after;
+        batch.insert(&self.meta, META_NEXT_GENERATION_KEY, encode_u32(after));
+        Ok(NewGeneration { _allocation: next, generation })
+    }
+
+    /// Commits a group's batch and publishes a generation it created.
+    pub(crate) fn commit(
+        &self,
+        op: &'static str,
+        group: GroupId,
+        state: &GroupState,
+        batch: OwnedWriteBatch,
+        new_generation: Option<NewGeneration<'_>>,
+    ) -> Result<()> {
+        if let Err(source) = batch.commit() {
+            if new_generation.is_some() {
+                state.building.store(NO_GENERATION, Ordering::Release);
+            }
+            return Err(Error::storage(op, Some(group), source));
+        }
+        if let Some(new) = new_generation {
+            self.registry.switch_generation(group, state, new.generation);
+        }
+        self.activity.touch();
+        Ok(())
+    }
+
+    /// The read path: one point read, retried if the generation changed under it.
+    fn lookup(&self, group: GroupId, state: &GroupState, key: &[u8]) -> Result<Lookup> {
+        loop {
+            let generation = state.live.load(Ordering::Acquire);
+            if generation == NO_GENERATION {
+                return Ok(Lookup::NotFound);
+            }
+            let value = self.data.get(DataKey::new(group, generation, key)).map_err(fjall_err("get", Some(group)))?;
+            if state.live.load(Ordering::Acquire) != generation {
+                // A rebuild or drop switched generations during the read; the
+                // old generation's entries may already be compacted away.
+                continue;
+            }
+            let Some(value) = value else {
+                return Ok(Lookup::NotFound);
+            };
+            let offset = decode_offset(&value).ok_or(Error::CorruptEntry { group, len: value.len() })?;
+            return Ok(if offset < state.watermark.load(Ordering::Acquire) {
+                Lookup::Evicted(offset)
+            } else {
+                Lookup::Found(offset)
+            });
+        }
+    }
+
+    /// fsync, then promote what it covered to the compaction filter.
+    pub(crate) fn persist(&self) -> Result<()> {
+        let _serial = self.persist_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let promotion = self.registry.begin_promotion();
+        self.db.persist(PersistMode::SyncData).map_err(fjall_err("persist", None))?;
+        if let Some(promotion) = promotion {
+            self.registry.finish_promotion(promotion);
+        }
+        Ok(())
+    }
+
+    /// Seals both memtables; fjall flushes them in the background.
+    pub(crate) fn seal_memtables(&self) -> Result<()> {
+        for keyspace in [&self.data, &self.meta] {
+            keyspace.rotate_memtable().map_err(fjall_err("flush", None))?;
+        }
+        Ok(())
+    }
+
+    fn lock_next_generation(&self) -> MutexGuard<'_, Generation> {
+        // Poisoning can only interrupt a plain integer store: the value is whole.
+        self.next_generation.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Sizes and counts of the index (see `Index::stats`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IndexStats {
+    /// Groups with state in the index.
+    pub groups: usize,
+    /// fjall's disk usage: tables plus the journals' logical length (the
+    /// active journal is preallocated to 64 MiB).
+    pub disk_bytes: u64,
+    /// Journal files (the active one included).
+    pub journal_files: usize,
+    /// Bytes the journal files occupy on disk (allocated blocks).
+    pub journal_bytes: u64,
+    /// Tables (SST files) of the data keyspace.
+    pub data_tables: usize,
+    /// Bytes of those tables.
+    pub data_table_bytes: u64,
+    /// Bytes in memtables (active and sealed) as fjall accounts them.
+    pub write_buffer_bytes: u64,
+    /// Drops, rebuilds or watermark raises wait for an fsync before the
+    /// compaction filter may reclaim their entries.
+    pub cleanup_pending: bool,
+}
+
+/// `(files, allocated bytes)` of the journal files (`*.jnl`) in `path`.
+fn journal_usage(path: &Path) -> Result<(usize, u64)> {
+    let io_err = |source| Error::storage("stats", None, fjall::Error::Io(source));
+    let mut files = 0;
+    let mut bytes = 0;
+    for entry in std::fs::read_dir(path).map_err(io_err)? {
+        let entry = entry.map_err(io_err)?;
+        if entry.path().extension().is_some_and(|ext| ext == "jnl") {
+            files += 1;
+            bytes += allocated_bytes(&entry.metadata().map_err(io_err)?);
+        }
+    }
+    Ok((files, bytes))
+}
+
+#[cfg(unix)]
+fn allocated_bytes(metadata: &std::fs::Metadata) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    metadata.blocks() * 512
+}
+
+#[cfg(not(unix))]
+fn allocated_bytes(metadata: &std::fs::Metadata) -> u64 {
+    metadata.len()
+}
+
+#[derive(Debug, Default)]
+struct LoadedGroup {
+    generation: Option<Generation>,
+    watermark: Offset,
+    key_estimate: u64,
+}
+
+/// Positions of updates that a later update of the same key overrides.
+///
+/// One batch must not hold two versions of a key: they would share one seqno.
+fn superseded_updates(updates: &[Update<'_>]) -> HashSet<usize> {
+    let mut superseded = HashSet::new();
+    if updates.len() < 2 {
+        return superseded;
+    }
+    let mut seen = HashSet::with_capacity(updates.len());
+    for (position, update) in updates.iter().enumerate().rev() {
+        if !seen.insert(update.key()) {
+            superseded.insert(position);
+        }
+    }
+    superseded
+}

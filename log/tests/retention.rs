@@ -1,0 +1,66 @@
+//! Retention by time and by size.
+
+mod common;
+
+use common::{TestResult, small_config};
+use logdex_log::{Compression, Log, LogConfig, Record, encode_batch};
+
+fn at(timestamp_ms: i64) -> Record {
+    Record { timestamp_ms, key: Some(b"k".to_vec()), value: Some(vec![7; 100]), headers: Vec::new() }
+}
+
+/// Builds segments whose records carry timestamps 1000, 2000, ... (one segment each) plus an active one.
+fn timed_segments(config: LogConfig, count: i64) -> Result<(tempfile::TempDir, Log), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let mut log = Log::open(dir.path(), config)?;
+    for i in 1..=count {
+        let mut batch = encode_batch(&[at(i * 1000), at(i * 1000)], Compression::None)?;
+        log.append(&mut batch, 0)?;
+        log.roll()?;
+    }
+    let mut batch = encode_batch(&[at(0)], Compression::None)?;
+    log.append(&mut batch, 0)?;
+    Ok((dir, log))
+}
+
+/// Sealed segments whose max timestamp is older than `retention_ms` go, oldest first; the start offset moves.
+#[test]
+fn retention_by_time_deletes_old_sealed_segments() -> TestResult {
+    let config = LogConfig { retention_ms: Some(2500), ..small_config() };
+    let (_dir, mut log) = timed_segments(config, 5)?;
+    assert_eq!(log.apply_retention(5000)?, 4);
+    assert_eq!(log.segments().len(), 4);
+    assert_eq!(log.read_record(3)?, None);
+    assert_eq!(log.read_record(4)?.map(|(o, _)| o), Some(4));
+    assert!(matches!(log.read_records(0, 1, 10), Err(logdex_log::Error::OffsetOutOfRange { .. })));
+    assert_eq!(log.apply_retention(5000)?, 4);
+    Ok(())
+}
+
+/// The oldest sealed segments go while the log without them stays at least `retention_bytes` (Kafka's rule).
+#[test]
+fn retention_by_size_keeps_the_log_above_the_limit() -> TestResult {
+    let (_dir, log) = timed_segments(small_config(), 5)?;
+    let sizes: Vec<u64> = log.segments().iter().map(|s| s.size_bytes).collect();
+    let total: u64 = sizes.iter().sum();
+    let limit = total - sizes[0] - sizes[1] - 1;
+    let config = LogConfig { retention_bytes: Some(limit), ..small_config() };
+    let dir = log.dir().to_path_buf();
+    drop(log);
+    let mut log = Log::open(&dir, config)?;
+    assert_eq!(log.apply_retention(0)?, 4);
+    assert!(log.size_bytes() >= limit);
+    Ok(())
+}
+
+/// Retention never deletes the active segment, however old.
+#[test]
+fn retention_never_deletes_the_active_segment() -> TestResult {
+    let config = LogConfig { retention_ms: Some(1), retention_bytes: Some(0), ..small_config() };
+    let (_dir, mut log) = timed_segments(config, 3)?;
+    assert_eq!(log.apply_retention(u64::MAX)?, 6);
+    assert_eq!(log.segments().len(), 1);
+    assert_eq!(log.next_offset(), 7);
+    assert_eq!(log.read_record(6)?.map(|(o, _)| o), Some(6));
+    Ok(())
+}

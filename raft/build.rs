@@ -1,0 +1,12 @@
+//! Generates the node-to-node protobuf types and the tonic service.
+//! `protoc` comes from the vendored binary so a fresh machine needs no install.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut config = prost_build::Config::new();
+    config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
+    tonic_prost_build::configure()
+        .type_attribute(".", "#[derive(serde::Serialize, serde::Deserialize)]")
+        .compile_with_config(config, &["proto/raft.proto"], &["proto"])?;
+    println!("cargo:rerun-if-changed=proto/raft.proto");
+    Ok(())
+}

@@ -1,0 +1,338 @@
+//! The controller: cluster metadata replicated by group 0.
+//!
+//! Every node hosts a replica of the controller (voter or learner), so every
+//! node can read topics, assignments and node addresses locally; the
+//! reconciler makes the node's partition replicas match them.
+//!
+//! Commands are validated in `apply`, deterministically, so every replica
+//! reaches the same state and the same answer.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use serde::Serialize;
+
+use crate::error::Error;
+use crate::error::Result;
+use crate::partition::write_file_durably;
+use crate::pb;
+use crate::pb::controller_command::Kind;
+use crate::types::GroupId;
+use crate::types::LogId;
+use crate::types::NodeId;
+use crate::types::ReplicaId;
+use crate::types::StoredMembership;
+
+const STATE_FILE: &str = "controller.json";
+/// Version of the controller state file.
+pub const STATE_VERSION: u8 = 1;
+
+/// Upper bound on partitions of one topic.
+pub const PARTITIONS_MAX: u32 = 1024;
+/// Upper bound on the replication factor.
+pub const REPLICATION_FACTOR_MAX: u32 = 7;
+/// Kafka's bound on topic name length.
+pub const TOPIC_NAME_BYTES_MAX: usize = 249;
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NodeRecord {
+    pub node_id: NodeId,
+    pub rpc_addr: String,
+    pub http_addr: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ReplicaRecord {
+    pub node_id: NodeId,
+    pub replica_id: ReplicaId,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PartitionRecord {
+    pub partition: u32,
+    pub group_id: GroupId,
+    /// The first replica is the preferred leader.
+    pub replicas: Vec<ReplicaRecord>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TopicRecord {
+    pub name: String,
+    pub replication_factor: u32,
+    pub config: BTreeMap<String, String>,
+    pub partitions: Vec<PartitionRecord>,
+}
+
+/// Everything the controller group replicates.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ClusterState {
+    pub version: u8,
+    pub nodes: BTreeMap<NodeId, NodeRecord>,
+    pub topics: BTreeMap<String, TopicRecord>,
+    pub next_group_id: GroupId,
+    pub next_replica_id: ReplicaId,
+    /// Count of topics ever created: spreads preferred leaders across topics.
+    pub topics_created: u64,
+    /// The last applied entry.
+    pub applied: Option<LogId>,
+    /// The last applied membership of the controller group.
+    pub membership: StoredMembership,
+}
+
+/// Outcome of a controller command, as the client sees it.
+pub fn result(status: &str, message: impl Into<String>) -> pb::ControllerResult {
+    pb::ControllerResult { status: status.to_string(), message: message.into() }
+}
+
+impl ClusterState {
+    /// Loads the state persisted in `dir`, or a fresh one.
+    pub fn load(dir: &Path) -> Result<ClusterState> {
+        match std::fs::read(dir.join(STATE_FILE)) {
+            Ok(bytes) => {
+                let state: ClusterState = serde_json::from_slice(&bytes)
+                    .map_err(|e| Error::Corrupted(format!("{}: {e}", dir.join(STATE_FILE).display())))?;
+                if state.version != STATE_VERSION {
+                    return Err(Error::Corrupted(format!("controller state version {} unknown", state.version)));
+                }
+                Ok(state)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ClusterState::fresh()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn fresh() -> ClusterState {
+        ClusterState { version: STATE_VERSION, next_group_id: 1, next_replica_id: 1 << 20, ..Default::default() }
+    }
+
+    /// Persists the state in `dir` (crash-atomic).
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let bytes = serde_json::to_vec(self).map_err(|e| Error::Corrupted(e.to_string()))?;
+        write_file_durably(dir, STATE_FILE, &bytes)
+    }
+
+    pub fn state_file(dir: &Path) -> PathBuf {
+        dir.join(STATE_FILE)
+    }
+
+    /// Applies one command; the answer is part of the replicated outcome.
+    pub fn apply(&mut self, command: &pb::ControllerCommand) -> pb::ControllerResult {
+        match &command.kind {
+            Some(Kind::RegisterNode(r)) => self.register_node(r),
+            Some(Kind::CreateTopic(c)) => self.create_topic(c),
+            Some(Kind::DeleteTopic(d)) => match self.topics.remove(&d.name) {
+                Some(_) => result("ok", format!("topic {} deleted", d.name)),
+                None => result("not_found", format!("topic {} does not exist", d.name)),
+            },
+            Some(Kind::AlterTopicConfig(a)) => self.alter_config(a),
+            None => result("invalid", "empty controller command"),
+        }
+    }
+
+    fn register_node(&mut self, r: &pb::RegisterNode) -> pb::ControllerResult {
+        let record = NodeRecord { node_id: r.node_id, rpc_addr: r.rpc_addr.clone(), http_addr: r.http_addr.clone() };
+        if self.nodes.get(&r.node_id) == Some(&record) {
+            return result("exists", format!("node {} already registered", r.node_id));
+        }
+        self.nodes.insert(r.node_id, record);
+        result("ok", format!("node {} registered", r.node_id))
+    }
+
+    fn create_topic(&mut self, c: &pb::CreateTopic) -> pb::ControllerResult {
+        if let Err(e) = validate_topic_name(&c.name) {
+            return result("invalid", e);
+        }
+        let config: BTreeMap<String, String> = c.config.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        if let Err(e) = validate_config(&config) {
+            return result("invalid", e);
+        }
+        if let Some(existing) = self.topics.get(&c.name) {
+            let same = existing.partitions.len() as u32 == c.partitions
+                && existing.replication_factor == c.replication_factor
+                && existing.config == config;
+            return if same {
+                result("exists", format!("topic {} exists with the same settings", c.name))
+            } else {
+                result("conflict", format!("topic {} exists with different settings", c.name))
+            };
+        }
+        if c.partitions == 0 || c.partitions > PARTITIONS_MAX {
+            return result("invalid", format!("partitions must be 1..={PARTITIONS_MAX}"));
+        }
+        if c.replication_factor == 0 || c.replication_factor > REPLICATION_FACTOR_MAX {
+            return result("invalid", format!("replication_factor must be 1..={REPLICATION_FACTOR_MAX}"));
+        }
+        let node_ids: Vec<NodeId> = self.nodes.keys().copied().collect();
+        if c.replication_factor as usize > node_ids.len() {
+            return result(
+                "invalid",
+                format!("replication_factor {} exceeds the {} registered nodes", c.replication_factor, node_ids.len()),
+            );
+        }
+        let shift = self.topics_created as usize;
+        let partitions = (0..c.partitions)
+            .map(|p| {
+                let start = (p as usize + shift) % node_ids.len();
+                let replicas = (0..c.replication_factor as usize)
+                    .map(|i| ReplicaRecord {
+                        node_id: node_ids[(start + i) % node_ids.len()],
+                        replica_id: self.allocate_replica(),
+                    })
+                    .collect();
+                let group_id = self.next_group_id;
+                self.next_group_id += 1;
+                PartitionRecord { partition: p, group_id, replicas }
+            })
+            .collect();
+        self.topics_created += 1;
+        self.topics.insert(
+            c.name.clone(),
+            TopicRecord { name: c.name.clone(), replication_factor: c.replication_factor, config, partitions },
+        );
+        result("created", format!("topic {} created", c.name))
+    }
+
+    fn alter_config(&mut self, a: &pb::AlterTopicConfig) -> pb::ControllerResult {
+        let Some(topic) = self.topics.get_mut(&a.name) else {
+            return result("not_found", format!("topic {} does not exist", a.name));
+        };
+        let mut config = topic.config.clone();
+        for (k, v) in &a.config {
+            config.insert(k.clone(), v.clone());
+        }
+        if let Err(e) = validate_config(&config) {
+            return result("invalid", e);
+        }
+        topic.config = config;
+        result("ok", format!("topic {} altered", a.name))
+    }
+
+    fn allocate_replica(&mut self) -> ReplicaId {
+        let id = self.next_replica_id;
+        self.next_replica_id += 1;
+        id
+    }
+
+    /// The topic and partition number of a group.
+    pub fn find_group(&self, group: GroupId) -> Option<(&TopicRecord, &PartitionRecord)> {
+        self.topics.values().flat_map(|t| t.partitions.iter().map(move |p| (t, p))).find(|(_, p)| p.group_id == group)
+    }
+}
+
+/// Kafka's topic name rules: 1 to 249 of `[a-zA-Z0-9._-]`, not `.` or `..`.
+pub fn validate_topic_name(name: &str) -> std::result::Result<(), String> {
+    if name.is_empty() || name.len() > TOPIC_NAME_BYTES_MAX {
+        return Err(format!("topic name must be 1 to {TOPIC_NAME_BYTES_MAX} characters"));
+    }
+    if name == "." || name == ".." {
+        return Err("topic name cannot be '.' or '..'".into());
+    }
+    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-') {
+        return Err("topic name may contain only ASCII letters, digits, '.', '_' and '-'".into());
+    }
+    Ok(())
+}
+
+/// Topic config keys logdex understands, with a check of each value.
+pub fn validate_config(config: &BTreeMap<String, String>) -> std::result::Result<(), String> {
+    for (key, value) in config {
+        let ok = match key.as_str() {
+            "cleanup.policy" => matches!(value.as_str(), "compact" | "delete" | "compact,delete" | "delete,compact"),
+            "kv.index.enabled" => matches!(value.as_str(), "true" | "false"),
+            "segment.bytes" | "max.message.bytes" => value.parse::<u64>().is_ok_and(|v| v > 0),
+            "segment.ms" | "delete.retention.ms" => value.parse::<u64>().is_ok(),
+            "retention.ms" | "retention.bytes" => value.parse::<i64>().is_ok_and(|v| v >= -1),
+            "min.cleanable.dirty.ratio" => value.parse::<f64>().is_ok_and(|v| (0.0..=1.0).contains(&v)),
+            _ => return Err(format!("unknown topic config {key:?}")),
+        };
+        if !ok {
+            return Err(format!("invalid value {value:?} for topic config {key:?}"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn register(state: &mut ClusterState, id: u64) {
+        let cmd = pb::ControllerCommand {
+            kind: Some(Kind::RegisterNode(pb::RegisterNode {
+                node_id: id,
+                rpc_addr: format!("127.0.0.1:{}", 7000 + id),
+                http_addr: format!("127.0.0.1:{}", 8000 + id),
+            })),
+        };
+        state.apply(&cmd);
+    }
+
+    fn create(state: &mut ClusterState, name: &str, partitions: u32, rf: u32) -> pb::ControllerResult {
+        state.apply(&pb::ControllerCommand {
+            kind: Some(Kind::CreateTopic(pb::CreateTopic {
+                name: name.into(),
+                partitions,
+                replication_factor: rf,
+                config: Default::default(),
+            })),
+        })
+    }
+
+    /// Six partitions at replication factor 3 over three nodes: every node is
+    /// preferred leader of two partitions and holds all six.
+    #[test]
+    fn placement_spreads_preferred_leaders_evenly() {
+        let mut state = ClusterState::fresh();
+        for id in 1..=3 {
+            register(&mut state, id);
+        }
+        assert_eq!(create(&mut state, "t", 6, 3).status, "created");
+        let topic = &state.topics["t"];
+        let mut leaders = BTreeMap::new();
+        for p in &topic.partitions {
+            *leaders.entry(p.replicas[0].node_id).or_insert(0) += 1;
+            let mut nodes: Vec<_> = p.replicas.iter().map(|r| r.node_id).collect();
+            nodes.sort();
+            assert_eq!(nodes, vec![1, 2, 3]);
+        }
+        assert_eq!(leaders.values().copied().collect::<Vec<_>>(), vec![2, 2, 2]);
+    }
+
+    #[test]
+    fn replication_factor_above_node_count_is_invalid() {
+        let mut state = ClusterState::fresh();
+        register(&mut state, 1);
+        assert_eq!(create(&mut state, "t", 1, 3).status, "invalid");
+        assert!(state.topics.is_empty());
+    }
+
+    #[test]
+    fn identical_create_is_exists_and_different_is_conflict() {
+        let mut state = ClusterState::fresh();
+        register(&mut state, 1);
+        assert_eq!(create(&mut state, "t", 2, 1).status, "created");
+        assert_eq!(create(&mut state, "t", 2, 1).status, "exists");
+        assert_eq!(create(&mut state, "t", 3, 1).status, "conflict");
+    }
+
+    #[test]
+    fn replica_ids_are_never_reused_across_topics() {
+        let mut state = ClusterState::fresh();
+        register(&mut state, 1);
+        create(&mut state, "a", 2, 1);
+        state.apply(&pb::ControllerCommand { kind: Some(Kind::DeleteTopic(pb::DeleteTopic { name: "a".into() })) });
+        create(&mut state, "a", 2, 1);
+        let ids: Vec<_> = state.topics["a"].partitions.iter().map(|p| p.replicas[0].replica_id).collect();
+        assert!(ids.iter().all(|id| *id >= (1 << 20) + 2), "{ids:?}");
+    }
+
+    #[test]
+    fn topic_names_follow_kafka_rules() {
+        assert!(validate_topic_name("orders.v1_x-2").is_ok());
+        for bad in ["", ".", "..", "a/b", "a b", &"x".repeat(250)] {
+            assert!(validate_topic_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}

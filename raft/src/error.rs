@@ -1,0 +1,58 @@
+//! Errors of the replication layer.
+//!
+//! Internally each storage engine keeps its own error; at this crate's public
+//! boundary they become a small set of kinds the API maps to status codes.
+
+use crate::types::GroupId;
+use crate::types::NodeId;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// This replica is not the leader; the leader's node, when known.
+    #[error("not the leader of group {group}; leader node: {leader_node:?}")]
+    NotLeader { group: GroupId, leader_node: Option<NodeId> },
+    /// This node hosts no replica of the group.
+    #[error("group {group} is not hosted on this node")]
+    NotHosted { group: GroupId },
+    /// The group cannot answer now (no leader, shutting down, timed out); retry later.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// The operation did not finish within its deadline; it may still take effect.
+    #[error("timed out: {0}")]
+    Timeout(String),
+    /// The request is invalid.
+    #[error("invalid: {0}")]
+    Invalid(String),
+    /// A named thing does not exist.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The request conflicts with existing state.
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// Stored data failed a check.
+    #[error("corrupted: {0}")]
+    Corrupted(String),
+    #[error("segment log: {0}")]
+    Log(#[from] logdex_log::Error),
+    #[error("key index: {0}")]
+    Index(#[from] logdex_index::Error),
+    #[error("raft log storage: {0}")]
+    RaftLog(#[from] fjall::Error),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("wire: {0}")]
+    Wire(#[from] crate::wire::WireError),
+}
+
+impl Error {
+    pub fn unavailable(msg: impl std::fmt::Display) -> Self {
+        Error::Unavailable(msg.to_string())
+    }
+}
+
+/// openraft's storage traits speak `std::io::Error`.
+pub fn to_io(e: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::other(e.to_string())
+}

@@ -1,0 +1,296 @@
+//! The Raft log of every group on a node, in one fjall database.
+//!
+//! Key layout (big-endian, see `raft/FORMAT.md`): `group u64 | tag u8 | index u64`
+//! with tag `E` for entries (value: version byte + protobuf `Entry`), `V` vote,
+//! `C` committed log id and `P` last purged log id (value: version byte +
+//! protobuf `Vote`/`LogId`).
+//!
+//! To ensure correctness:
+//! - `append` writes the entries into fjall (readable immediately) and hands the
+//!   `IOFlushed` callback to the node's syncer thread, which completes it only
+//!   after `persist(SyncData)` returned: one fsync serves every group that
+//!   appended meanwhile (group commit).
+//! - `save_vote` returns only after such a fsync.
+//! - fjall's journal is one ordered stream, so a vote or entry written after
+//!   another is never durable without it: vote and log writes of one group are
+//!   never reordered.
+//! - A failed fsync poisons the store: every later flush and vote fails, and the
+//!   node must restart (fjall refuses writes after a failed fsync too).
+
+use std::fmt::Debug;
+use std::ops::Bound;
+use std::ops::RangeBounds;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+
+use fjall::Database;
+use fjall::Keyspace;
+use fjall::KeyspaceCreateOptions;
+use fjall::PersistMode;
+use openraft::RaftLogReader;
+use openraft::storage::RaftLogStorage;
+use prost::Message;
+
+use crate::error::to_io;
+use crate::pb;
+use crate::types::Entry;
+use crate::types::GroupId;
+use crate::types::IoFlushed;
+use crate::types::LogId;
+use crate::types::LogState;
+use crate::types::TypeConfig;
+use crate::types::Vote;
+use crate::wire;
+
+/// Version byte in front of every value this module writes.
+pub const FORMAT_VERSION: u8 = 1;
+
+const TAG_ENTRY: u8 = b'E';
+const TAG_VOTE: u8 = b'V';
+const TAG_COMMITTED: u8 = b'C';
+const TAG_PURGED: u8 = b'P';
+
+/// Bound on flush requests queued for the syncer before appenders wait.
+const SYNC_QUEUE_MAX: usize = 4096;
+
+/// The node-wide Raft log database.
+pub struct RaftLogDb {
+    db: Database,
+    ks: Keyspace,
+    syncer: mpsc::SyncSender<SyncJob>,
+    poisoned: Arc<AtomicBool>,
+}
+
+enum SyncJob {
+    Flushed(IoFlushed),
+    Wait(tokio::sync::oneshot::Sender<Result<(), String>>),
+}
+
+impl RaftLogDb {
+    pub fn open(path: &Path) -> crate::Result<Arc<RaftLogDb>> {
+        let db = Database::builder(path).open()?;
+        let ks = db.keyspace("raft_log", KeyspaceCreateOptions::default)?;
+        let (syncer, rx) = mpsc::sync_channel(SYNC_QUEUE_MAX);
+        let poisoned = Arc::new(AtomicBool::new(false));
+        let thread_db = db.clone();
+        let thread_poisoned = poisoned.clone();
+        std::thread::Builder::new()
+            .name("raft-log-sync".into())
+            .spawn(move || run_syncer(thread_db, rx, thread_poisoned))?;
+        Ok(Arc::new(RaftLogDb { db, ks, syncer, poisoned }))
+    }
+
+    /// The log storage of one group.
+    pub fn group(self: &Arc<Self>, group: GroupId) -> GroupLogStore {
+        GroupLogStore { group, db: self.clone() }
+    }
+
+    /// Removes every key of a group (its replica was removed from this node).
+    pub fn delete_group(&self, group: GroupId) -> crate::Result<()> {
+        let mut batch = self.db.batch();
+        for item in self.ks.prefix(group.to_be_bytes()) {
+            batch.remove(&self.ks, item.key()?);
+        }
+        batch.commit()?;
+        Ok(())
+    }
+
+    async fn sync(&self) -> Result<(), std::io::Error> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.send(SyncJob::Wait(tx))?;
+        rx.await.map_err(to_io)?.map_err(to_io)
+    }
+
+    fn send(&self, job: SyncJob) -> Result<(), std::io::Error> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(to_io("raft log is poisoned by a failed fsync; restart the node"));
+        }
+        self.syncer.send(job).map_err(|_| to_io("raft log syncer stopped"))
+    }
+}
+
+fn run_syncer(db: Database, rx: mpsc::Receiver<SyncJob>, poisoned: Arc<AtomicBool>) {
+    while let Ok(first) = rx.recv() {
+        let mut jobs = vec![first];
+        while let Ok(job) = rx.try_recv() {
+            jobs.push(job);
+        }
+        let result = if poisoned.load(Ordering::Acquire) {
+            Err("raft log is poisoned by a failed fsync".to_string())
+        } else {
+            db.persist(PersistMode::SyncData).map_err(|e| e.to_string())
+        };
+        if let Err(e) = &result {
+            tracing::error!(error = %e, "raft log fsync failed; poisoning the raft log");
+            poisoned.store(true, Ordering::Release);
+        }
+        for job in jobs {
+            match job {
+                SyncJob::Flushed(cb) => cb.io_completed(result.clone().map_err(to_io)),
+                SyncJob::Wait(tx) => {
+                    let _ = tx.send(result.clone());
+                }
+            }
+        }
+    }
+}
+
+/// The Raft log storage of one group: a view of the node's [`RaftLogDb`].
+#[derive(Clone)]
+pub struct GroupLogStore {
+    group: GroupId,
+    db: Arc<RaftLogDb>,
+}
+
+impl GroupLogStore {
+    fn key(&self, tag: u8, index: u64) -> [u8; 17] {
+        let mut k = [0u8; 17];
+        k[..8].copy_from_slice(&self.group.to_be_bytes());
+        k[8] = tag;
+        k[9..].copy_from_slice(&index.to_be_bytes());
+        k
+    }
+
+    fn get_msg<M: Message + Default>(&self, tag: u8) -> Result<Option<M>, std::io::Error> {
+        let Some(value) = self.db.ks.get(self.key(tag, 0)).map_err(to_io)? else {
+            return Ok(None);
+        };
+        decode_value::<M>(&value).map(Some)
+    }
+
+    fn put_msg<M: Message>(&self, tag: u8, msg: &M) -> Result<(), std::io::Error> {
+        self.db.ks.insert(self.key(tag, 0), encode_value(msg)).map_err(to_io)
+    }
+
+    fn last_entry_log_id(&self) -> Result<Option<LogId>, std::io::Error> {
+        let lo = self.key(TAG_ENTRY, 0);
+        let hi = self.key(TAG_ENTRY, u64::MAX);
+        let Some(item) = self.db.ks.range(lo..=hi).next_back() else {
+            return Ok(None);
+        };
+        let (_, value) = item.into_inner().map_err(to_io)?;
+        let entry = decode_value::<pb::Entry>(&value)?;
+        let log_id = wire::required(entry.log_id, "Entry", "log_id").map_err(to_io)?;
+        Ok(Some(wire::log_id_from_pb(&log_id)))
+    }
+
+    fn remove_entries(&self, from: u64, to_inclusive: u64) -> Result<(), std::io::Error> {
+        if from > to_inclusive {
+            return Ok(());
+        }
+        let mut batch = self.db.db.batch();
+        for item in self.db.ks.range(self.key(TAG_ENTRY, from)..=self.key(TAG_ENTRY, to_inclusive)) {
+            batch.remove(&self.db.ks, item.key().map_err(to_io)?);
+        }
+        batch.commit().map_err(to_io)
+    }
+}
+
+fn encode_value<M: Message>(msg: &M) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(1 + msg.encoded_len());
+    buf.push(FORMAT_VERSION);
+    // Encoding into a Vec cannot run out of capacity.
+    let _ = msg.encode(&mut buf);
+    buf
+}
+
+fn decode_value<M: Message + Default>(value: &[u8]) -> Result<M, std::io::Error> {
+    match value.split_first() {
+        Some((&FORMAT_VERSION, body)) => M::decode(body).map_err(to_io),
+        Some((v, _)) => Err(to_io(format!("raft log value has unknown format version {v}"))),
+        None => Err(to_io("raft log value is empty")),
+    }
+}
+
+fn range_to_indexes<RB: RangeBounds<u64>>(range: &RB) -> Option<(u64, u64)> {
+    let start = match range.start_bound() {
+        Bound::Included(s) => *s,
+        Bound::Excluded(s) => s.checked_add(1)?,
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(e) => *e,
+        Bound::Excluded(e) => e.checked_sub(1)?,
+        Bound::Unbounded => u64::MAX,
+    };
+    (start <= end).then_some((start, end))
+}
+
+impl RaftLogReader<TypeConfig> for GroupLogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, std::io::Error> {
+        let Some((start, end)) = range_to_indexes(&range) else {
+            return Ok(Vec::new());
+        };
+        let mut entries = Vec::new();
+        for item in self.db.ks.range(self.key(TAG_ENTRY, start)..=self.key(TAG_ENTRY, end)) {
+            let (_, value) = item.into_inner().map_err(to_io)?;
+            let entry = decode_value::<pb::Entry>(&value)?;
+            entries.push(wire::entry_from_pb(entry).map_err(to_io)?);
+        }
+        Ok(entries)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, std::io::Error> {
+        Ok(self.get_msg::<pb::Vote>(TAG_VOTE)?.map(|v| wire::vote_from_pb(&v)))
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for GroupLogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState, std::io::Error> {
+        let last_purged = self.get_msg::<pb::LogId>(TAG_PURGED)?.map(|l| wire::log_id_from_pb(&l));
+        let last = self.last_entry_log_id()?.or_else(|| last_purged.clone());
+        Ok(LogState { last_purged_log_id: last_purged, last_log_id: last })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), std::io::Error> {
+        self.put_msg(TAG_VOTE, &wire::vote_to_pb(vote))?;
+        self.db.sync().await
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), std::io::Error> {
+        match committed {
+            Some(c) => self.put_msg(TAG_COMMITTED, &wire::log_id_to_pb(&c)),
+            None => Ok(()),
+        }
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, std::io::Error> {
+        Ok(self.get_msg::<pb::LogId>(TAG_COMMITTED)?.map(|l| wire::log_id_from_pb(&l)))
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: IoFlushed) -> Result<(), std::io::Error>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+        I::IntoIter: Send,
+    {
+        let mut batch = self.db.db.batch();
+        for entry in entries {
+            let key = self.key(TAG_ENTRY, entry.log_id.index);
+            batch.insert(&self.db.ks, key, encode_value(&wire::entry_to_pb(&entry)));
+        }
+        batch.commit().map_err(to_io)?;
+        self.db.send(SyncJob::Flushed(callback))
+    }
+
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), std::io::Error> {
+        let from = last_log_id.map_or(0, |l| l.index + 1);
+        self.remove_entries(from, u64::MAX)
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), std::io::Error> {
+        self.put_msg(TAG_PURGED, &wire::log_id_to_pb(&log_id))?;
+        self.remove_entries(0, log_id.index)
+    }
+}

@@ -1,0 +1,195 @@
+//! The sending side of the node-to-node transport.
+//!
+//! One lazily connected tonic channel per peer node address carries every
+//! group (HTTP/2 multiplexes the streams); each request names its group and
+//! target replica. Every call has a deadline (openraft's hard TTL), and a
+//! transport failure is reported as `Unreachable` so openraft backs off.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use openraft::errors::ReplicationClosed;
+use openraft::errors::Unreachable;
+use openraft::network::Backoff;
+use openraft::network::RPCOption;
+use openraft::network::RaftNetworkFactory;
+use openraft::network::v2::RaftNetworkV2;
+use openraft::raft::AppendEntriesRequest;
+use openraft::raft::AppendEntriesResponse;
+use openraft::raft::SnapshotResponse;
+use openraft::raft::VoteRequest;
+use openraft::raft::VoteResponse;
+use tonic::transport::Channel;
+use tonic::transport::Endpoint;
+
+use crate::pb;
+use crate::pb::raft_service_client::RaftServiceClient;
+use crate::state_machine::SnapshotData;
+use crate::types::GroupId;
+use crate::types::ReplicaId;
+use crate::types::RpcError;
+use crate::types::StreamingError;
+use crate::types::TypeConfig;
+use crate::types::Vote;
+use crate::wire;
+
+/// Default deadline for node-to-node calls that openraft does not time itself.
+pub const RPC_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One channel per peer address, shared by all groups and by client-side calls.
+#[derive(Default)]
+pub struct ChannelPool {
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+impl ChannelPool {
+    pub fn client(&self, addr: &str) -> Result<RaftServiceClient<Channel>, tonic::transport::Error> {
+        let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(channel) = channels.get(addr) {
+            return Ok(RaftServiceClient::new(channel.clone()));
+        }
+        let channel = Endpoint::from_shared(format!("http://{addr}"))?
+            .connect_timeout(Duration::from_secs(1))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(5))
+            .connect_lazy();
+        channels.insert(addr.to_string(), channel.clone());
+        Ok(RaftServiceClient::new(channel))
+    }
+}
+
+/// Creates connections for one group.
+pub struct NetworkFactory {
+    group: GroupId,
+    pool: Arc<ChannelPool>,
+}
+
+impl NetworkFactory {
+    pub fn new(group: GroupId, pool: Arc<ChannelPool>) -> NetworkFactory {
+        NetworkFactory { group, pool }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = GroupConnection;
+
+    async fn new_client(&mut self, target: ReplicaId, node: &pb::Node) -> GroupConnection {
+        GroupConnection {
+            header: pb::GroupHeader { group_id: self.group, target_replica: target },
+            addr: node.rpc_addr.clone(),
+            pool: self.pool.clone(),
+        }
+    }
+}
+
+/// A group's view of one peer replica.
+pub struct GroupConnection {
+    header: pb::GroupHeader,
+    addr: String,
+    pool: Arc<ChannelPool>,
+}
+
+fn unreachable(e: impl std::fmt::Display) -> RpcError {
+    RpcError::Unreachable(Unreachable::from_string(e.to_string()))
+}
+
+fn with_deadline<T>(msg: T, option: &RPCOption) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(msg);
+    request.set_timeout(option.hard_ttl().min(RPC_TIMEOUT * 5));
+    request
+}
+
+impl GroupConnection {
+    fn client(&self) -> Result<RaftServiceClient<Channel>, RpcError> {
+        self.pool.client(&self.addr).map_err(unreachable)
+    }
+
+    fn vote_request(&self, rpc: VoteRequest<TypeConfig>) -> pb::VoteRequest {
+        pb::VoteRequest {
+            header: Some(self.header),
+            vote: Some(wire::vote_to_pb(&rpc.vote)),
+            last_log_id: wire::opt_log_id_to_pb(rpc.last_log_id.as_ref()),
+            leadership_transfer: rpc.leadership_transfer,
+        }
+    }
+}
+
+fn vote_response(resp: pb::VoteResponse) -> Result<VoteResponse<TypeConfig>, RpcError> {
+    let vote = wire::required(resp.vote, "VoteResponse", "vote").map_err(unreachable)?;
+    Ok(VoteResponse::new(
+        wire::vote_from_pb(&vote),
+        wire::opt_log_id_from_pb(resp.last_log_id.as_ref()),
+        resp.vote_granted,
+    ))
+}
+
+impl RaftNetworkV2<TypeConfig> for GroupConnection {
+    type SnapshotData = SnapshotData;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RpcError> {
+        let request = pb::AppendEntriesRequest {
+            header: Some(self.header),
+            vote: Some(wire::vote_to_pb(&rpc.vote)),
+            prev_log_id: wire::opt_log_id_to_pb(rpc.prev_log_id.as_ref()),
+            entries: rpc.entries.iter().map(wire::entry_to_pb).collect(),
+            leader_commit: wire::opt_log_id_to_pb(rpc.leader_commit.as_ref()),
+        };
+        let resp =
+            self.client()?.append_entries(with_deadline(request, &option)).await.map_err(unreachable)?.into_inner();
+        use pb::append_entries_response::Result as R;
+        match wire::required(resp.result, "AppendEntriesResponse", "result").map_err(unreachable)? {
+            R::Success(_) => Ok(AppendEntriesResponse::Success),
+            R::PartialSuccess(p) => {
+                Ok(AppendEntriesResponse::PartialSuccess(wire::opt_log_id_from_pb(p.last_log_id.as_ref())))
+            }
+            R::Conflict(_) => Ok(AppendEntriesResponse::Conflict),
+            R::HigherVote(v) => Ok(AppendEntriesResponse::HigherVote(wire::vote_from_pb(&v))),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RpcError> {
+        let request = self.vote_request(rpc);
+        let resp = self.client()?.vote(with_deadline(request, &option)).await.map_err(unreachable)?.into_inner();
+        vote_response(resp)
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RpcError> {
+        let request = self.vote_request(rpc);
+        let resp = self.client()?.pre_vote(with_deadline(request, &option)).await.map_err(unreachable)?.into_inner();
+        vote_response(resp)
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        _vote: Vote,
+        _snapshot: openraft::alias::SnapshotOf<TypeConfig, SnapshotData>,
+        _cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+        _option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError> {
+        Err(StreamingError::Unreachable(Unreachable::from_string(
+            "snapshot transfer is not supported yet: the Raft log is kept whole",
+        )))
+    }
+
+    fn backoff(&self) -> Option<Backoff> {
+        Some(Backoff::new(std::iter::successors(Some(Duration::from_millis(50)), |d| {
+            Some((*d * 2).min(Duration::from_millis(1000)))
+        })))
+    }
+}

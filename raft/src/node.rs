@@ -1,0 +1,699 @@
+//! One logdex node's replication layer: the controller replica, the registry
+//! of partition replicas, the reconciler that makes them match the controller's
+//! assignments, and the operations the API calls.
+
+use std::collections::BTreeMap;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::RwLock;
+use std::time::Duration;
+
+use logdex_index::Index;
+use logdex_index::IndexConfig;
+use logdex_log::LogConfig;
+use openraft::ReadPolicy;
+use openraft::errors::ClientWriteError as OrClientWriteError;
+use openraft::errors::RaftError as OrRaftError;
+
+use crate::controller::ClusterState;
+use crate::controller::PartitionRecord;
+use crate::error::Error;
+use crate::error::Result;
+use crate::log_store::RaftLogDb;
+use crate::network::ChannelPool;
+use crate::network::NetworkFactory;
+use crate::network::RPC_TIMEOUT;
+use crate::partition::KeyRead;
+use crate::partition::Partition;
+use crate::pb;
+use crate::state_machine::Controller;
+use crate::state_machine::GroupData;
+use crate::state_machine::GroupStateMachine;
+use crate::types::CONTROLLER_GROUP;
+use crate::types::GroupId;
+use crate::types::NodeId;
+use crate::types::Raft;
+use crate::types::ReplicaId;
+use crate::wire;
+
+/// Voters of the controller group at bootstrap: the lowest ids of the peer list.
+pub const CONTROLLER_VOTERS_MAX: usize = 3;
+/// How long a write or a read waits for its group before answering unavailable.
+pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Plain configuration of the replication layer; `api/` fills it.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub node_id: NodeId,
+    pub data_dir: PathBuf,
+    /// Advertised node-to-node address.
+    pub rpc_addr: String,
+    /// Advertised HTTP address (other nodes forward and redirect to it).
+    pub http_addr: String,
+    /// Initial cluster: `(node id, rpc address)`, including this node.
+    pub peers: Vec<(NodeId, String)>,
+    /// A member's rpc address to join through, instead of `peers`.
+    pub join: Option<String>,
+    pub heartbeat_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    pub log: LogConfig,
+    pub index: IndexConfig,
+}
+
+impl NodeConfig {
+    pub fn validate(&self) -> Result<()> {
+        if self.node_id == 0 {
+            return Err(Error::Invalid("node id must be at least 1".into()));
+        }
+        if self.heartbeat_ms == 0 || self.election_timeout_min_ms <= self.heartbeat_ms * 2 {
+            return Err(Error::Invalid("election timeout must exceed twice the heartbeat".into()));
+        }
+        if self.election_timeout_max_ms <= self.election_timeout_min_ms {
+            return Err(Error::Invalid("election timeout max must exceed min".into()));
+        }
+        if self.join.is_none() && !self.peers.iter().any(|(id, _)| *id == self.node_id) {
+            return Err(Error::Invalid(format!("peer list must contain this node ({})", self.node_id)));
+        }
+        Ok(())
+    }
+}
+
+/// Read consistency a caller asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadMode {
+    /// Leader lease or read index; a follower asks the leader for the read index.
+    Linearizable,
+    /// Always a quorum-confirmed read index.
+    Strict,
+    /// This replica's applied state, without contacting others.
+    Follower,
+}
+
+/// A partition replica hosted on this node.
+pub struct HostedGroup {
+    pub group_id: GroupId,
+    pub replica_id: ReplicaId,
+    pub topic: String,
+    pub partition_no: u32,
+    pub raft: Raft,
+    pub partition: Arc<Partition>,
+}
+
+/// The replication layer of one node. Cheap to clone.
+#[derive(Clone)]
+pub struct Node {
+    inner: Arc<NodeInner>,
+}
+
+struct NodeInner {
+    config: NodeConfig,
+    raft_config: Arc<openraft::Config>,
+    pool: Arc<ChannelPool>,
+    raft_log: Arc<RaftLogDb>,
+    index: Index,
+    controller: Arc<Controller>,
+    controller_raft: Raft,
+    groups: RwLock<HashMap<GroupId, Arc<HostedGroup>>>,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl Node {
+    /// Opens the node's storage and starts its controller replica. Call
+    /// [`Node::run`] once the RPC server is accepting connections.
+    pub async fn open(config: NodeConfig) -> Result<Node> {
+        config.validate()?;
+        std::fs::create_dir_all(&config.data_dir)?;
+        let raft_config = Arc::new(
+            openraft::Config {
+                cluster_name: "logdex".into(),
+                heartbeat_interval: config.heartbeat_ms,
+                election_timeout_min: config.election_timeout_min_ms,
+                election_timeout_max: config.election_timeout_max_ms,
+                snapshot_policy: openraft::SnapshotPolicy::Never,
+                max_payload_entries: 256,
+                ..Default::default()
+            }
+            .validate()
+            .map_err(|e| Error::Invalid(e.to_string()))?,
+        );
+        let raft_log = RaftLogDb::open(&config.data_dir.join("raft"))?;
+        let index = Index::open(&config.data_dir.join("index"), config.index.clone())?;
+        let pool = Arc::new(ChannelPool::default());
+        let controller = Controller::open(config.data_dir.join("controller"))?;
+        let controller_raft = Raft::new(
+            config.node_id,
+            raft_config.clone(),
+            NetworkFactory::new(CONTROLLER_GROUP, pool.clone()),
+            raft_log.group(config.node_id),
+            GroupStateMachine::for_controller(controller.clone()),
+        )
+        .await
+        .map_err(Error::unavailable)?;
+        let (stop, _) = tokio::sync::watch::channel(false);
+        Ok(Node {
+            inner: Arc::new(NodeInner {
+                config,
+                raft_config,
+                pool,
+                raft_log,
+                index,
+                controller,
+                controller_raft,
+                groups: RwLock::new(HashMap::new()),
+                stop,
+            }),
+        })
+    }
+
+    pub fn node_id(&self) -> NodeId {
+        self.inner.config.node_id
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.inner.config
+    }
+
+    pub fn pool(&self) -> &Arc<ChannelPool> {
+        &self.inner.pool
+    }
+
+    pub fn controller_raft(&self) -> &Raft {
+        &self.inner.controller_raft
+    }
+
+    /// A copy of the cluster metadata as this node's controller replica has applied it.
+    pub fn cluster(&self) -> ClusterState {
+        self.inner.controller.state()
+    }
+
+    pub fn subscribe_cluster(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.controller.subscribe()
+    }
+
+    /// Bootstraps the controller if this node is the lowest initial peer, then
+    /// starts registration, the reconciler and the checkpointer.
+    pub async fn run(&self) -> Result<()> {
+        self.bootstrap_controller().await?;
+        let node = self.clone();
+        tokio::spawn(async move { node.register_loop().await });
+        let node = self.clone();
+        tokio::spawn(async move { node.reconcile_loop().await });
+        let node = self.clone();
+        tokio::spawn(async move { node.checkpoint_loop().await });
+        Ok(())
+    }
+
+    async fn bootstrap_controller(&self) -> Result<()> {
+        let config = &self.inner.config;
+        if config.join.is_some() {
+            return Ok(());
+        }
+        let mut peers = config.peers.clone();
+        peers.sort();
+        let lowest = peers.first().map(|(id, _)| *id);
+        if lowest != Some(config.node_id) {
+            return Ok(());
+        }
+        let raft = &self.inner.controller_raft;
+        if raft.is_initialized().await.map_err(Error::unavailable)? {
+            return Ok(());
+        }
+        let voters: BTreeMap<u64, pb::Node> = peers
+            .iter()
+            .take(CONTROLLER_VOTERS_MAX)
+            .map(|(id, addr)| (*id, pb::Node { node_id: *id, rpc_addr: addr.clone() }))
+            .collect();
+        tracing::info!(voters = ?voters.keys().collect::<Vec<_>>(), "initializing the controller group");
+        match raft.initialize(voters).await {
+            Ok(()) => Ok(()),
+            Err(OrRaftError::APIError(e)) => {
+                tracing::info!(error = %e, "controller already initialized");
+                Ok(())
+            }
+            Err(e) => Err(Error::unavailable(e)),
+        }
+    }
+
+    /// Registers this node with the controller until it succeeds.
+    async fn register_loop(&self) {
+        let config = &self.inner.config;
+        let cmd = pb::ControllerCommand {
+            kind: Some(pb::controller_command::Kind::RegisterNode(pb::RegisterNode {
+                node_id: config.node_id,
+                rpc_addr: config.rpc_addr.clone(),
+                http_addr: config.http_addr.clone(),
+            })),
+        };
+        let mut stop = self.inner.stop.subscribe();
+        for attempt in 0u64.. {
+            let registered = self
+                .cluster()
+                .nodes
+                .get(&config.node_id)
+                .is_some_and(|n| n.rpc_addr == config.rpc_addr && n.http_addr == config.http_addr);
+            let in_membership = self.controller_membership_has(config.node_id);
+            if registered && in_membership {
+                tracing::info!(attempt, "registered with the controller");
+                return;
+            }
+            let result = match self.controller_write(cmd.clone(), false).await {
+                Ok(r) => Ok(r),
+                Err(e) => self.register_via_peers(&cmd).await.map_err(|_| e),
+            };
+            if let Err(e) = result {
+                tracing::debug!(error = %e, attempt, "registration not done yet");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    }
+
+    fn controller_membership_has(&self, node: NodeId) -> bool {
+        let m = crate::types::metrics_of(&self.inner.controller_raft);
+        m.membership_config.membership().nodes().any(|(id, _)| *id == node)
+    }
+
+    async fn register_via_peers(&self, cmd: &pb::ControllerCommand) -> Result<pb::ControllerResult> {
+        let config = &self.inner.config;
+        let targets: Vec<String> = match &config.join {
+            Some(addr) => vec![addr.clone()],
+            None => config.peers.iter().filter(|(id, _)| *id != config.node_id).map(|(_, a)| a.clone()).collect(),
+        };
+        let mut last = Error::unavailable("no peer to register with");
+        for addr in targets {
+            match self.remote_controller_write(&addr, cmd.clone(), false).await {
+                Ok(r) => return Ok(r),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// Proposes a controller command on the controller leader, wherever it is.
+    pub async fn controller_write(&self, cmd: pb::ControllerCommand, forwarded: bool) -> Result<pb::ControllerResult> {
+        let raft = &self.inner.controller_raft;
+        let register = match &cmd.kind {
+            Some(pb::controller_command::Kind::RegisterNode(r)) => Some(r.clone()),
+            _ => None,
+        };
+        let command = pb::Command { kind: Some(pb::command::Kind::Controller(cmd.clone())) };
+        match tokio::time::timeout(OPERATION_TIMEOUT, raft.client_write(command)).await {
+            Err(_) => Err(Error::Timeout("controller write".into())),
+            Ok(Ok(resp)) => {
+                let result = match resp.data.kind {
+                    Some(pb::command_response::Kind::Controller(r)) => r,
+                    _ => return Err(Error::Corrupted("controller answered a non-controller response".into())),
+                };
+                if let Some(r) = register {
+                    self.add_controller_learner(r).await?;
+                }
+                Ok(result)
+            }
+            Ok(Err(OrRaftError::APIError(OrClientWriteError::ForwardToLeader(f)))) => {
+                let Some(node) = f.leader_node else {
+                    return Err(Error::unavailable("the controller has no leader"));
+                };
+                if forwarded {
+                    return Err(Error::NotLeader { group: CONTROLLER_GROUP, leader_node: Some(node.node_id) });
+                }
+                self.remote_controller_write(&node.rpc_addr, cmd, true).await
+            }
+            Ok(Err(e)) => Err(Error::unavailable(e)),
+        }
+    }
+
+    async fn add_controller_learner(&self, r: pb::RegisterNode) -> Result<()> {
+        if self.controller_membership_has(r.node_id) {
+            return Ok(());
+        }
+        let node = pb::Node { node_id: r.node_id, rpc_addr: r.rpc_addr };
+        let raft = self.inner.controller_raft.clone();
+        tokio::time::timeout(OPERATION_TIMEOUT, raft.add_learner(r.node_id, node, false))
+            .await
+            .map_err(|_| Error::unavailable("adding a controller learner timed out"))?
+            .map_err(Error::unavailable)?;
+        tracing::info!(node = r.node_id, "added node to the controller group as learner");
+        Ok(())
+    }
+
+    async fn remote_controller_write(
+        &self,
+        addr: &str,
+        cmd: pb::ControllerCommand,
+        forwarded: bool,
+    ) -> Result<pb::ControllerResult> {
+        let mut client = self.inner.pool.client(addr).map_err(Error::unavailable)?;
+        let mut request = tonic::Request::new(pb::ControllerWriteRequest { command: Some(cmd), forwarded });
+        request.set_timeout(OPERATION_TIMEOUT);
+        let resp = client.controller_write(request).await.map_err(Error::unavailable)?.into_inner();
+        resp.result.ok_or_else(|| Error::unavailable(format!("controller at {addr} has no leader")))
+    }
+
+    async fn reconcile_loop(&self) {
+        let mut changed = self.inner.controller.subscribe();
+        let mut stop = self.inner.stop.subscribe();
+        loop {
+            if let Err(e) = self.reconcile().await {
+                tracing::warn!(error = %e, "reconcile failed; retrying");
+            }
+            tokio::select! {
+                _ = changed.changed() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    }
+
+    /// Makes the hosted partition replicas match the controller's assignments.
+    pub async fn reconcile(&self) -> Result<()> {
+        let state = self.cluster();
+        let me = self.inner.config.node_id;
+        let mut desired: HashMap<GroupId, (String, &PartitionRecord, ReplicaId)> = HashMap::new();
+        for topic in state.topics.values() {
+            for p in &topic.partitions {
+                if let Some(r) = p.replicas.iter().find(|r| r.node_id == me) {
+                    desired.insert(p.group_id, (topic.name.clone(), p, r.replica_id));
+                }
+            }
+        }
+        let hosted: Vec<(GroupId, ReplicaId)> =
+            self.groups_read().values().map(|g| (g.group_id, g.replica_id)).collect();
+        for (group, replica) in hosted {
+            if desired.get(&group).map(|d| d.2) != Some(replica) {
+                self.remove_group(group).await?;
+            }
+        }
+        for (group, (topic, record, replica)) in desired {
+            if !self.groups_read().contains_key(&group) {
+                self.start_group(&state, &topic, record, replica).await?;
+            }
+        }
+        self.sweep_orphans()
+    }
+
+    /// Removes replica directories this node no longer hosts (a removal that
+    /// crashed half way, or a replica still referenced when it was removed).
+    fn sweep_orphans(&self) -> Result<()> {
+        let root = self.inner.config.data_dir.join("partitions");
+        let entries = match std::fs::read_dir(&root) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        let hosted: std::collections::HashSet<String> =
+            self.groups_read().values().map(|g| format!("{}-{}", g.group_id, g.replica_id)).collect();
+        for entry in entries {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if hosted.contains(&name) {
+                continue;
+            }
+            let Some(replica) = name.split_once('-').and_then(|(_, r)| r.parse::<ReplicaId>().ok()) else {
+                continue;
+            };
+            tracing::info!(dir = %name, "removing data of a replica this node no longer hosts");
+            self.inner.index.drop_group(replica)?;
+            self.inner.raft_log.delete_group(replica)?;
+            std::fs::remove_dir_all(entry.path())?;
+        }
+        Ok(())
+    }
+
+    fn groups_read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<GroupId, Arc<HostedGroup>>> {
+        self.inner.groups.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn start_group(
+        &self,
+        state: &ClusterState,
+        topic: &str,
+        record: &PartitionRecord,
+        replica: ReplicaId,
+    ) -> Result<()> {
+        let group = record.group_id;
+        let dir = self.partition_dir(group, replica);
+        let (partition, applied) =
+            Partition::open(group, replica, &dir, self.inner.config.log.clone(), self.inner.index.clone())?;
+        let partition = Arc::new(partition);
+        let sm = GroupStateMachine::new(GroupData::Partition(partition.clone()), applied);
+        let raft = Raft::new(
+            replica,
+            self.inner.raft_config.clone(),
+            NetworkFactory::new(group, self.inner.pool.clone()),
+            self.inner.raft_log.group(replica),
+            sm,
+        )
+        .await
+        .map_err(Error::unavailable)?;
+        let members: BTreeMap<u64, pb::Node> = record
+            .replicas
+            .iter()
+            .map(|r| {
+                let rpc_addr = state.nodes.get(&r.node_id).map(|n| n.rpc_addr.clone()).unwrap_or_default();
+                (r.replica_id, pb::Node { node_id: r.node_id, rpc_addr })
+            })
+            .collect();
+        let preferred = record.replicas.first().map(|r| r.replica_id) == Some(replica);
+        let hosted = Arc::new(HostedGroup {
+            group_id: group,
+            replica_id: replica,
+            topic: topic.to_string(),
+            partition_no: record.partition,
+            raft: raft.clone(),
+            partition,
+        });
+        self.inner.groups.write().unwrap_or_else(|p| p.into_inner()).insert(group, hosted);
+        tracing::info!(group, replica, topic, partition = record.partition, "partition replica started");
+        tokio::spawn(initialize_group(raft, members, preferred));
+        Ok(())
+    }
+
+    async fn remove_group(&self, group: GroupId) -> Result<()> {
+        let Some(hosted) = self.inner.groups.write().unwrap_or_else(|p| p.into_inner()).remove(&group) else {
+            return Ok(());
+        };
+        hosted.raft.shutdown().await.map_err(Error::unavailable)?;
+        self.inner.raft_log.delete_group(hosted.replica_id)?;
+        tracing::info!(group, replica = hosted.replica_id, "partition replica removed");
+        // Readers may still hold the partition; the data goes when they let go
+        // (at once, usually), else the orphan sweep removes it.
+        if let Ok(h) = Arc::try_unwrap(hosted) {
+            if let Ok(p) = Arc::try_unwrap(h.partition) {
+                p.destroy()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn partition_dir(&self, group: GroupId, replica: ReplicaId) -> PathBuf {
+        self.inner.config.data_dir.join("partitions").join(format!("{group}-{replica}"))
+    }
+
+    async fn checkpoint_loop(&self) {
+        let mut stop = self.inner.stop.subscribe();
+        let mut last: HashMap<GroupId, u64> = HashMap::new();
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = stop.changed() => return,
+            }
+            let groups: Vec<Arc<HostedGroup>> = self.groups_read().values().cloned().collect();
+            for g in groups {
+                let hw = g.partition.high_watermark();
+                if last.get(&g.group_id) == Some(&hw) {
+                    continue;
+                }
+                let p = g.partition.clone();
+                match tokio::task::spawn_blocking(move || p.checkpoint()).await {
+                    Ok(Ok(())) => {
+                        last.insert(g.group_id, hw);
+                    }
+                    Ok(Err(e)) => tracing::error!(group = g.group_id, error = %e, "checkpoint failed"),
+                    Err(e) => tracing::error!(group = g.group_id, error = %e, "checkpoint task failed"),
+                }
+            }
+        }
+    }
+
+    /// The hosted replica of `group`.
+    pub fn group(&self, group: GroupId) -> Option<Arc<HostedGroup>> {
+        self.groups_read().get(&group).cloned()
+    }
+
+    pub fn groups(&self) -> Vec<Arc<HostedGroup>> {
+        self.groups_read().values().cloned().collect()
+    }
+
+    /// The node id of the leader this replica knows, if any.
+    pub fn leader_node(&self, group: &HostedGroup) -> Option<NodeId> {
+        leader_node_of(&group.raft)
+    }
+
+    /// Appends a batch through the group's leader (this node must lead it).
+    pub async fn produce(&self, group: GroupId, mut batch: Vec<u8>) -> Result<pb::ProduceResult> {
+        let hosted = self.group(group).ok_or(Error::NotHosted { group })?;
+        logdex_log::validate_batch(&batch).map_err(|e| Error::Invalid(e.to_string()))?;
+        logdex_log::set_base_offset(&mut batch, 0);
+        let command = pb::Command { kind: Some(pb::command::Kind::Produce(pb::Produce { batch })) };
+        match tokio::time::timeout(OPERATION_TIMEOUT, hosted.raft.client_write(command)).await {
+            Err(_) => Err(Error::Timeout("write waiting for commit".into())),
+            Ok(Ok(resp)) => match resp.data.kind {
+                Some(pb::command_response::Kind::Produce(r)) => Ok(r),
+                _ => Err(Error::Corrupted("produce answered a non-produce response".into())),
+            },
+            Ok(Err(OrRaftError::APIError(OrClientWriteError::ForwardToLeader(f)))) => {
+                Err(Error::NotLeader { group, leader_node: f.leader_node.map(|n| n.node_id) })
+            }
+            Ok(Err(e)) => Err(Error::unavailable(e)),
+        }
+    }
+
+    /// Waits until this replica may serve a read in `mode`; returns its high watermark then.
+    pub async fn read_barrier(&self, hosted: &HostedGroup, mode: ReadMode) -> Result<()> {
+        if mode == ReadMode::Follower {
+            return Ok(());
+        }
+        let strict = mode == ReadMode::Strict;
+        let read_index = if hosted.raft.is_leader() {
+            leader_read_index(&hosted.raft, strict).await?
+        } else {
+            let leader = self.leader_node(hosted).ok_or_else(|| Error::unavailable("no leader known"))?;
+            let addr = self
+                .cluster()
+                .nodes
+                .get(&leader)
+                .map(|n| n.rpc_addr.clone())
+                .ok_or_else(|| Error::unavailable(format!("leader node {leader} has no known address")))?;
+            self.remote_read_index(&addr, hosted, strict).await?
+        };
+        self.wait_applied(hosted, read_index, OPERATION_TIMEOUT).await
+    }
+
+    async fn remote_read_index(&self, addr: &str, hosted: &HostedGroup, strict: bool) -> Result<u64> {
+        let leader_replica = crate::types::metrics_of(&hosted.raft).current_leader.unwrap_or(0);
+        let mut client = self.inner.pool.client(addr).map_err(Error::unavailable)?;
+        let mut request = tonic::Request::new(pb::ReadIndexRequest {
+            header: Some(pb::GroupHeader { group_id: hosted.group_id, target_replica: leader_replica }),
+            strict,
+        });
+        request.set_timeout(RPC_TIMEOUT);
+        let resp = client.read_index(request).await.map_err(Error::unavailable)?.into_inner();
+        Ok(resp.read_log_id.map_or(0, |l| l.index))
+    }
+
+    /// Waits until the replica applied the Raft log through `index`.
+    pub async fn wait_applied(&self, hosted: &HostedGroup, index: u64, timeout: Duration) -> Result<()> {
+        hosted
+            .raft
+            .wait(Some(timeout))
+            .applied_index_at_least(Some(index), "read barrier")
+            .await
+            .map(|_| ())
+            .map_err(|e| Error::unavailable(format!("replica did not catch up: {e}")))
+    }
+
+    /// Waits until the replica's high watermark exceeds `offset`.
+    pub async fn wait_high_watermark(&self, hosted: &HostedGroup, offset: u64, timeout: Duration) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        use crate::types::WatchReceiver;
+        let mut metrics = hosted.raft.metrics();
+        while hosted.partition.high_watermark() <= offset {
+            if tokio::time::timeout_at(deadline, metrics.changed()).await.is_err() {
+                return Err(Error::unavailable(format!("replica has not applied offset {offset} yet")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Looks a key up on the hosted replica after the read barrier of `mode`.
+    pub async fn read_key(&self, group: GroupId, key: &[u8], mode: ReadMode) -> Result<(KeyRead, u64)> {
+        let hosted = self.group(group).ok_or(Error::NotHosted { group })?;
+        self.read_barrier(&hosted, mode).await?;
+        let hw = hosted.partition.high_watermark();
+        let read = hosted.partition.read_key(key)?;
+        Ok((read, hw))
+    }
+
+    /// This node's view of its groups, for routing and describe.
+    pub fn status(&self) -> pb::StatusResponse {
+        let mut groups: Vec<pb::GroupStatus> = self
+            .groups()
+            .iter()
+            .map(|g| {
+                let m = crate::types::metrics_of(&g.raft);
+                pb::GroupStatus {
+                    group_id: g.group_id,
+                    replica_id: g.replica_id,
+                    leader_replica: m.current_leader.unwrap_or(0),
+                    leader_node: leader_node_of(&g.raft).unwrap_or(0),
+                    term: m.current_term,
+                    high_watermark: g.partition.high_watermark(),
+                    log_start_offset: g.partition.log_start_offset(),
+                    applied_index: m.last_applied.map_or(0, |l| l.index),
+                }
+            })
+            .collect();
+        groups.sort_by_key(|g| g.group_id);
+        pb::StatusResponse { node_id: self.node_id(), groups }
+    }
+
+    /// Stops every group and makes applied state durable.
+    pub async fn shutdown(&self) {
+        let _ = self.inner.stop.send(true);
+        for g in self.groups() {
+            if let Err(e) = g.raft.shutdown().await {
+                tracing::warn!(group = g.group_id, error = %e, "group shutdown failed");
+            }
+            if let Err(e) = g.partition.checkpoint() {
+                tracing::warn!(group = g.group_id, error = %e, "final checkpoint failed");
+            }
+        }
+        if let Err(e) = self.inner.controller_raft.shutdown().await {
+            tracing::warn!(error = %e, "controller shutdown failed");
+        }
+    }
+}
+
+/// Read index on the leader: a lease read unless `strict`.
+pub async fn leader_read_index(raft: &Raft, strict: bool) -> Result<u64> {
+    let policy = if strict { ReadPolicy::ReadIndex } else { ReadPolicy::LeaseRead };
+    let linearizer = tokio::time::timeout(OPERATION_TIMEOUT, raft.get_read_linearizer(policy))
+        .await
+        .map_err(|_| Error::unavailable("read index timed out"))?
+        .map_err(|e| match e {
+            OrRaftError::APIError(openraft::errors::LinearizableReadError::ForwardToLeader(f)) => {
+                Error::NotLeader { group: 0, leader_node: f.leader_node.map(|n| n.node_id) }
+            }
+            other => Error::unavailable(other),
+        })?;
+    Ok(linearizer.read_log_id().index())
+}
+
+fn leader_node_of(raft: &Raft) -> Option<NodeId> {
+    let m = crate::types::metrics_of(raft);
+    let leader = m.current_leader?;
+    m.membership_config.membership().get_node(&leader).map(|n| n.node_id)
+}
+
+async fn initialize_group(raft: Raft, members: BTreeMap<u64, pb::Node>, preferred: bool) {
+    if !preferred {
+        // The preferred replica initializes first so leaders spread as placed;
+        // the others initialize later with the identical membership (safe per
+        // openraft) only if it never reached them.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    match raft.is_initialized().await {
+        Ok(true) | Err(_) => return,
+        Ok(false) => {}
+    }
+    if let Err(e) = raft.initialize(members).await {
+        tracing::debug!(error = %e, "group initialize skipped");
+    }
+}
+
+/// For `wire` users outside this crate.
+pub use wire::log_id_to_pb;

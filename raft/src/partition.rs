@@ -1,0 +1,296 @@
+//! One partition replica's data: its segment log and its slice of the node's key index.
+//!
+//! To ensure correctness (DESIGN.md I1, I4, I5):
+//! - Only [`Partition::apply_batches`] writes, and only with committed entries:
+//!   it appends each batch to the segment log at the next offset (dense,
+//!   identical on every replica), publishes the high watermark, then writes
+//!   every key and the applied marker to the index in one atomic batch.
+//! - Readers see an offset from the index only after the log holds it and the
+//!   high watermark covers it, so no answer is ever ahead of commit.
+//! - Recovery ([`Partition::open`]) makes the log and the index agree on one
+//!   applied point; entries after it are re-applied from the Raft log.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::path::PathBuf;
+use std::sync::RwLock;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+
+use logdex_index::AppliedMarker;
+use logdex_index::Index;
+use logdex_index::Lookup;
+use logdex_index::Update;
+use logdex_log::Log;
+use logdex_log::LogConfig;
+use logdex_log::Offset;
+use logdex_log::Record;
+use serde::Deserialize;
+use serde::Serialize;
+
+use crate::error::Error;
+use crate::error::Result;
+use crate::types::GroupId;
+use crate::types::LogId;
+use crate::types::ReplicaId;
+use crate::types::StoredMembership;
+
+/// Name of the durable checkpoint file in a partition directory.
+const CHECKPOINT_FILE: &str = "checkpoint.json";
+
+/// What a key lookup found on this replica.
+#[derive(Debug)]
+pub enum KeyRead {
+    /// The live record for the key.
+    Found { offset: Offset, record: Record },
+    /// No live record: never written, or tombstoned.
+    NotFound,
+    /// The key's record was removed by retention.
+    Evicted { offset: Offset },
+}
+
+/// Result of applying one produce batch.
+#[derive(Clone, Copy, Debug)]
+pub struct Appended {
+    pub base_offset: Offset,
+    pub last_offset: Offset,
+    pub timestamp_ms: i64,
+}
+
+/// One partition replica on this node.
+pub struct Partition {
+    pub group: GroupId,
+    pub replica: ReplicaId,
+    dir: PathBuf,
+    log: RwLock<Log>,
+    index: Index,
+    high_watermark: AtomicU64,
+}
+
+/// Applied state recorded with every index write, opaque to the index.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct AppliedState {
+    /// The last applied Raft entry.
+    pub applied: Option<LogId>,
+    /// The last applied membership.
+    pub membership: StoredMembership,
+}
+
+impl AppliedState {
+    pub fn encode(&self) -> Vec<u8> {
+        // Serializing plain data into a Vec cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<AppliedState> {
+        serde_json::from_slice(bytes).map_err(|e| Error::Corrupted(format!("applied state: {e}")))
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Checkpoint {
+    state: Vec<u8>,
+    next_offset: Offset,
+}
+
+impl Partition {
+    /// Opens (or creates) the replica in `dir` and reconciles log and index.
+    /// Returns the partition and the applied state both agree on.
+    pub fn open(
+        group: GroupId,
+        replica: ReplicaId,
+        dir: &Path,
+        log_config: LogConfig,
+        index: Index,
+    ) -> Result<(Partition, AppliedState)> {
+        std::fs::create_dir_all(dir)?;
+        let mut log = Log::open(&dir.join("log"), log_config)?;
+        let marker = index.applied(replica)?;
+        let state = match marker {
+            Some(m) if log.next_offset() >= m.next_offset => {
+                // The usual case after a crash: the log may hold batches the index
+                // never recorded; drop them, Raft re-applies their entries.
+                log.truncate(m.next_offset)?;
+                AppliedState::decode(&m.state)?
+            }
+            Some(m) => {
+                tracing::warn!(
+                    group,
+                    replica,
+                    log_end = log.next_offset(),
+                    index_end = m.next_offset,
+                    "index is ahead of the segment log after power loss; rolling back to the last checkpoint"
+                );
+                rollback_to_checkpoint(replica, dir, &mut log, &index)?
+            }
+            None if log.next_offset() > log.start_offset() => {
+                tracing::warn!(group, replica, "segment log without index state; rolling back to the last checkpoint");
+                rollback_to_checkpoint(replica, dir, &mut log, &index)?
+            }
+            None => AppliedState::default(),
+        };
+        let hw = log.next_offset();
+        let partition = Partition {
+            group,
+            replica,
+            dir: dir.to_path_buf(),
+            log: RwLock::new(log),
+            index,
+            high_watermark: AtomicU64::new(hw),
+        };
+        Ok((partition, state))
+    }
+
+    /// The offset after the last applied record.
+    pub fn high_watermark(&self) -> Offset {
+        self.high_watermark.load(Ordering::Acquire)
+    }
+
+    pub fn log_start_offset(&self) -> Offset {
+        self.log.read().map(|l| l.start_offset()).unwrap_or(0)
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.log.read().map(|l| l.size_bytes()).unwrap_or(0)
+    }
+
+    /// Applies committed produce batches (in log order) and records `state` as applied.
+    pub fn apply_batches(&self, batches: &mut [Vec<u8>], state: &AppliedState, now_ms: u64) -> Result<Vec<Appended>> {
+        let mut results = Vec::with_capacity(batches.len());
+        let mut records_per_batch = Vec::with_capacity(batches.len());
+        let next_offset = {
+            let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
+            for batch in batches.iter_mut() {
+                let info = log.append(batch, now_ms)?;
+                results.push(Appended {
+                    base_offset: info.base_offset,
+                    last_offset: info.last_offset,
+                    timestamp_ms: info.max_timestamp_ms,
+                });
+                records_per_batch.push(logdex_log::decode_batch(batch)?);
+            }
+            log.next_offset()
+        };
+        self.high_watermark.store(next_offset, Ordering::Release);
+        // One update per key, the last in offset order: a batch may write a key twice.
+        let mut last: HashMap<&[u8], Update<'_>> = HashMap::new();
+        for (offset, record) in records_per_batch.iter().flatten() {
+            let Some(key) = record.key.as_deref() else { continue };
+            let update = match record.value {
+                Some(_) => Update::Put { key, offset: *offset },
+                None => Update::Delete { key },
+            };
+            last.insert(key, update);
+        }
+        let updates: Vec<Update<'_>> = last.into_values().collect();
+        let marker = AppliedMarker { state: state.encode(), next_offset };
+        self.index.apply(self.replica, &updates, &marker)?;
+        Ok(results)
+    }
+
+    /// Records `state` as applied without new records (blank and membership entries).
+    pub fn apply_marker(&self, state: &AppliedState) -> Result<()> {
+        let marker = AppliedMarker { state: state.encode(), next_offset: self.high_watermark() };
+        self.index.set_applied(self.replica, &marker)?;
+        Ok(())
+    }
+
+    /// Makes everything applied so far survive power loss and records the point
+    /// recovery may roll back to.
+    pub fn checkpoint(&self) -> Result<()> {
+        let next_offset = {
+            let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
+            log.sync()?;
+            log.next_offset()
+        };
+        self.index.persist()?;
+        let Some(marker) = self.index.applied(self.replica)? else {
+            return Ok(());
+        };
+        if marker.next_offset > next_offset {
+            // Applied more while we synced; the next checkpoint covers it.
+            return Ok(());
+        }
+        let checkpoint = Checkpoint { state: marker.state, next_offset: marker.next_offset };
+        write_file_durably(&self.dir, CHECKPOINT_FILE, &serde_json::to_vec(&checkpoint).unwrap_or_default())
+    }
+
+    /// The live record for `key`, as of this replica's applied state.
+    pub fn read_key(&self, key: &[u8]) -> Result<KeyRead> {
+        match self.index.get(self.replica, key)? {
+            Lookup::NotFound => Ok(KeyRead::NotFound),
+            Lookup::Evicted(offset) => Ok(KeyRead::Evicted { offset }),
+            Lookup::Found(offset) => {
+                let log = self.log.read().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
+                if offset < log.start_offset() {
+                    return Ok(KeyRead::Evicted { offset });
+                }
+                match log.read_record(offset)? {
+                    Some((found, record)) if found == offset => Ok(KeyRead::Found { offset, record }),
+                    _ => Err(Error::Corrupted(format!(
+                        "index of group {} points at offset {offset}, which the segment log does not hold",
+                        self.group
+                    ))),
+                }
+            }
+        }
+    }
+
+    /// Records from `offset`, never beyond the high watermark.
+    pub fn read_records(&self, offset: Offset, max_records: usize, max_bytes: usize) -> Result<Vec<(Offset, Record)>> {
+        let hw = self.high_watermark();
+        let log = self.log.read().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
+        let mut records = log.read_records(offset, max_records, max_bytes)?;
+        records.retain(|(o, _)| *o < hw);
+        Ok(records)
+    }
+
+    /// Removes this replica's files and index entries (the replica left this node).
+    pub fn destroy(self) -> Result<()> {
+        self.index.drop_group(self.replica)?;
+        let dir = self.dir.clone();
+        drop(self);
+        std::fs::remove_dir_all(&dir)?;
+        Ok(())
+    }
+}
+
+fn rollback_to_checkpoint(replica: ReplicaId, dir: &Path, log: &mut Log, index: &Index) -> Result<AppliedState> {
+    let (state, next_offset) = match std::fs::read(dir.join(CHECKPOINT_FILE)) {
+        Ok(bytes) => {
+            let c: Checkpoint = serde_json::from_slice(&bytes)
+                .map_err(|e| Error::Corrupted(format!("checkpoint of replica {replica}: {e}")))?;
+            (c.state, c.next_offset)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (AppliedState::default().encode(), 0),
+        Err(e) => return Err(e.into()),
+    };
+    if next_offset == 0 {
+        log.reset(0)?;
+    } else {
+        log.truncate(next_offset)?;
+    }
+    let marker = AppliedMarker { state: state.clone(), next_offset };
+    // Records without a key are not indexed.
+    let keyed = log.scan(log.start_offset()).filter_map(|r| match r {
+        Ok((offset, record)) => {
+            let tombstone = record.value.is_none();
+            record.key.map(|key| Ok((key, offset, tombstone)))
+        }
+        Err(e) => Some(Err(e)),
+    });
+    index.rebuild(replica, keyed, &marker)??;
+    AppliedState::decode(&state)
+}
+
+/// Writes `name` in `dir` so that after a crash it holds either the old or the new bytes.
+pub fn write_file_durably(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_data()?;
+    std::fs::rename(&tmp, dir.join(name))?;
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(())
+}
