@@ -63,7 +63,7 @@ pub async fn dev(args: DevArgs) -> Result<(), String> {
         );
     }
     println!("Ctrl-C stops every node.");
-    let _ = tokio::signal::ctrl_c().await;
+    crate::serve::shutdown_signal().await;
     println!("stopping {} nodes", children.len());
     for child in &children {
         if let Some(pid) = child.id() {

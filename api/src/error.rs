@@ -28,6 +28,9 @@ pub enum ApiError {
     Misdirected { message: String, redirect: Option<String> },
     #[error("{0}")]
     Unavailable(String),
+    /// The request never reached the node it was forwarded to: safe to retry elsewhere.
+    #[error("{0}")]
+    NodeUnreachable(String),
     #[error("{0}")]
     Timeout(String),
     #[error("{0}")]
@@ -52,7 +55,7 @@ impl ApiError {
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Misdirected { .. } => StatusCode::MISDIRECTED_REQUEST,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::NodeUnreachable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -69,7 +72,7 @@ impl ApiError {
             ApiError::Conflict(_) => "conflict",
             ApiError::TooLarge(_) => "too_large",
             ApiError::Misdirected { .. } => "misdirected",
-            ApiError::Unavailable(_) => "unavailable",
+            ApiError::Unavailable(_) | ApiError::NodeUnreachable(_) => "unavailable",
             ApiError::Timeout(_) => "timeout",
             ApiError::Internal(_) => "internal",
         }

@@ -401,11 +401,15 @@ async fn produce_to(
         } else if let Some(leader) = s.router.find_leader(record).await {
             if leader != s.router.node.node_id() {
                 let pq = path_and_query(req.uri);
-                let resp = s.router.redirect(leader, hop, req.method.clone(), &pq, req.headers, req.body.clone()).await;
-                if resp.is_err() {
-                    s.router.forget_leader(record.group_id);
+                match s.router.redirect(leader, hop, req.method.clone(), &pq, req.headers, req.body.clone()).await {
+                    // Never sent: the leader is down; wait for the next one.
+                    Err(ApiError::NodeUnreachable(_)) => s.router.forget_leader(record.group_id),
+                    Err(e) => {
+                        s.router.forget_leader(record.group_id);
+                        return Err(e);
+                    }
+                    Ok(resp) => return Ok(Err(resp)),
                 }
-                return resp.map(Err);
             }
         }
         if tokio::time::Instant::now() >= deadline {

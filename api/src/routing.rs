@@ -25,7 +25,7 @@ pub const FORWARDED_HEADER: &str = "x-kv-forwarded";
 /// How long a learned leader is trusted for routing.
 const LEADER_CACHE_TTL: Duration = Duration::from_secs(2);
 /// How long a write waits for an election to finish before answering 503.
-pub const LEADER_WAIT: Duration = Duration::from_secs(5);
+pub const LEADER_WAIT: Duration = Duration::from_secs(8);
 
 #[derive(Clone)]
 pub struct Router {
@@ -159,8 +159,13 @@ impl Router {
                 request = request.header(name, v);
             }
         }
-        let resp =
-            request.send().await.map_err(|e| ApiError::Unavailable(format!("forwarding to node {target}: {e}")))?;
+        let resp = request.send().await.map_err(|e| {
+            if e.is_connect() {
+                ApiError::NodeUnreachable(format!("cannot connect to node {target}: {e}"))
+            } else {
+                ApiError::Unavailable(format!("forwarding to node {target}: {e}"))
+            }
+        })?;
         let mut builder = Response::builder().status(resp.status().as_u16());
         for (name, value) in resp.headers() {
             let n = name.as_str();

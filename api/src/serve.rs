@@ -167,7 +167,8 @@ fn tokio_stream_incoming(
     })
 }
 
-async fn shutdown_signal() {
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

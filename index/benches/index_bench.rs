@@ -13,6 +13,8 @@ type BenchResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
 const BATCH: usize = 1_000;
 const GET_SAMPLES: usize = 200_000;
+const APPLY_ROUNDS: usize = 2;
+const GET_ROUNDS: usize = 3;
 
 struct Options {
     keys: usize,
@@ -43,36 +45,55 @@ fn main() -> BenchResult {
         idle_groups(options.idle_secs)?;
     }
 
-    let dir = tempfile::tempdir()?;
-    let index = Index::open(&dir.path().join("index"), IndexConfig::default())?;
-    let index_apply = time(|| apply_all(&index, 1, &keys))?;
+    // Alternate the two sides and keep each side's best round, to damp the
+    // noise of a shared 2-core VM. The last round's databases serve the gets.
+    let mut index_apply = Duration::MAX;
+    let mut raw_apply = Duration::MAX;
+    let mut kept = None;
+    for _round in 0..APPLY_ROUNDS {
+        let dir = tempfile::tempdir()?;
+        let index = Index::open(dir.path(), IndexConfig::default())?;
+        index_apply = index_apply.min(time(|| apply_all(&index, 1, &keys))?);
+        let raw_dir = tempfile::tempdir()?;
+        let (raw_db, raw) = open_raw(raw_dir.path())?;
+        raw_apply = raw_apply.min(time(|| raw_insert_all(&raw_db, &raw, &keys))?);
+        kept = Some((dir, index, raw_dir, raw_db, raw));
+    }
+    let (_dir, index, _raw_dir, _raw_db, raw) = kept.ok_or("no apply round ran")?;
     index.compact()?;
+    raw.rotate_memtable_and_wait()?;
+    raw.major_compact()?;
     let index_bytes = index.stats()?.data_table_bytes;
-    let index_gets = get_latencies(&probes, |i| matches!(index.get(1, &keys[i]), Ok(Lookup::Found(_))));
-    let index_gets_2t = get_throughput_threads(&probes, 2, {
-        let index = index.clone();
-        let keys = keys.clone();
-        move |i| matches!(index.get(1, &keys[i]), Ok(Lookup::Found(_)))
-    });
+    let raw_bytes = raw.disk_space();
+
+    let mut index_gets: Option<Latencies> = None;
+    let mut raw_gets: Option<Latencies> = None;
+    let (mut index_gets_2t, mut raw_gets_2t) = (0f64, 0f64);
+    for _round in 0..GET_ROUNDS {
+        let round = get_latencies(&probes, |i| matches!(index.get(1, &keys[i]), Ok(Lookup::Found(_))));
+        index_gets = best(index_gets, round);
+        let round = get_latencies(&probes, |i| matches!(raw.get(&keys[i]), Ok(Some(_))));
+        raw_gets = best(raw_gets, round);
+        index_gets_2t = index_gets_2t.max(get_throughput_threads(&probes, 2, {
+            let index = index.clone();
+            let keys = keys.clone();
+            move |i| matches!(index.get(1, &keys[i]), Ok(Lookup::Found(_)))
+        }));
+        raw_gets_2t = raw_gets_2t.max(get_throughput_threads(&probes, 2, {
+            let raw = raw.clone();
+            let keys = keys.clone();
+            move |i| matches!(raw.get(&keys[i]), Ok(Some(_)))
+        }));
+    }
+    let index_gets = index_gets.ok_or("no get round ran")?;
+    let raw_gets = raw_gets.ok_or("no get round ran")?;
+
     let log: Vec<(Vec<u8>, u64)> = keys.iter().cloned().zip(0u64..).collect();
     let rebuild = time(|| {
         let records = log.iter().map(|(key, offset)| Ok::<_, String>((key.clone(), *offset, false)));
         index.rebuild(2, records, &marker(keys.len() as u64))?.map_err(|e| e.into()).map(|_| ())
     })?;
     drop(index);
-
-    let raw_dir = tempfile::tempdir()?;
-    let (raw_db, raw) = open_raw(raw_dir.path())?;
-    let raw_apply = time(|| raw_insert_all(&raw_db, &raw, &keys))?;
-    raw.rotate_memtable_and_wait()?;
-    raw.major_compact()?;
-    let raw_bytes = raw.disk_space();
-    let raw_gets = get_latencies(&probes, |i| matches!(raw.get(&keys[i]), Ok(Some(_))));
-    let raw_gets_2t = get_throughput_threads(&probes, 2, {
-        let raw = raw.clone();
-        let keys = keys.clone();
-        move |i| matches!(raw.get(&keys[i]), Ok(Some(_)))
-    });
 
     let n = keys.len() as f64;
     println!("| measure | logdex-index | raw fjall | ratio |");
@@ -167,6 +188,13 @@ impl Latencies {
 
     fn summary(&self) -> String {
         format!("{:.1} / {:.1} / {:.0}", self.percentile_us(0.5), self.percentile_us(0.99), self.percentile_us(1.0))
+    }
+}
+
+fn best(kept: Option<Latencies>, round: Latencies) -> Option<Latencies> {
+    match kept {
+        Some(kept) if kept.per_second >= round.per_second => Some(kept),
+        _ => Some(round),
     }
 }
 

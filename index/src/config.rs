@@ -1,6 +1,6 @@
 //! `IndexConfig`: plain data with defaults and `validate()`.
 
-use crate::encoding::DATA_PREFIX_BYTES;
+use crate::encoding::DATA_PREFIX_BYTES_MAX;
 use crate::error::{Error, Result};
 
 const KIB: u64 = 1024;
@@ -60,12 +60,12 @@ impl Default for IndexConfig {
 impl IndexConfig {
     /// Checks every field; `Index::open` calls this first.
     pub fn validate(&self) -> Result<()> {
-        let key_max = FJALL_KEY_BYTES_MAX - DATA_PREFIX_BYTES;
+        let key_max = FJALL_KEY_BYTES_MAX - DATA_PREFIX_BYTES_MAX;
         check(
             "key_bytes_max",
             self.key_bytes_max as u64,
             self.key_bytes_max >= 1 && self.key_bytes_max <= key_max,
-            "must be 1..=65524 (fjall's 64 KiB key limit minus the 12-byte prefix)",
+            "must be 1..=65522 (fjall's 64 KiB key limit minus the 14-byte prefix)",
         )?;
         check("cache_bytes", self.cache_bytes, self.cache_bytes >= MIB, "must be at least 1 MiB")?;
         check(

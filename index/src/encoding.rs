@@ -16,19 +16,20 @@ pub(crate) const FIRST_GENERATION: Generation = 1;
 
 pub(crate) const GROUP_BYTES: usize = 8;
 pub(crate) const GENERATION_BYTES: usize = 4;
-/// `group (u64 BE) | generation (u32 BE)` in front of every user key.
-pub(crate) const DATA_PREFIX_BYTES: usize = GROUP_BYTES + GENERATION_BYTES;
+/// Longest data key prefix: `len | group` and `len | generation`, each a
+/// length byte followed by the number's shortest big-endian bytes.
+pub(crate) const DATA_PREFIX_BYTES_MAX: usize = 1 + GROUP_BYTES + 1 + GENERATION_BYTES;
 pub(crate) const OFFSET_BYTES_MAX: usize = 8;
 
 const _: () = assert!(GROUP_BYTES == size_of::<GroupId>());
 const _: () = assert!(GENERATION_BYTES == size_of::<Generation>());
 const _: () = assert!(OFFSET_BYTES_MAX == size_of::<Offset>());
-const _: () = assert!(DATA_PREFIX_BYTES == 12);
+const _: () = assert!(DATA_PREFIX_BYTES_MAX == 14);
 
 /// Data keys up to this many bytes (prefix included) are built on the stack.
 const INLINE_KEY_BYTES: usize = 128;
 
-/// A data key `group | generation | user key`, on the stack when it is short.
+/// A data key `prefix(group, generation) | user key`, on the stack when short.
 pub(crate) enum DataKey {
     Inline { bytes: [u8; INLINE_KEY_BYTES], len: usize },
     Heap(Vec<u8>),
@@ -36,14 +37,19 @@ pub(crate) enum DataKey {
 
 impl DataKey {
     pub(crate) fn new(group: GroupId, generation: Generation, key: &[u8]) -> Self {
-        let len = DATA_PREFIX_BYTES + key.len();
+        let prefix = DataPrefix::new(group, generation);
+        let prefix = prefix.as_ref();
+        let len = prefix.len() + key.len();
         if len <= INLINE_KEY_BYTES {
             let mut bytes = [0u8; INLINE_KEY_BYTES];
-            bytes[..DATA_PREFIX_BYTES].copy_from_slice(&data_prefix(group, generation));
-            bytes[DATA_PREFIX_BYTES..len].copy_from_slice(key);
+            bytes[..prefix.len()].copy_from_slice(prefix);
+            bytes[prefix.len()..len].copy_from_slice(key);
             Self::Inline { bytes, len }
         } else {
-            Self::Heap(data_key_vec(group, generation, key))
+            let mut vec = Vec::with_capacity(len);
+            vec.extend_from_slice(prefix);
+            vec.extend_from_slice(key);
+            Self::Heap(vec)
         }
     }
 }
@@ -57,27 +63,60 @@ impl AsRef<[u8]> for DataKey {
     }
 }
 
-/// The 12-byte prefix shared by all entries of one generation of one group.
-pub(crate) fn data_prefix(group: GroupId, generation: Generation) -> [u8; DATA_PREFIX_BYTES] {
-    let mut prefix = [0u8; DATA_PREFIX_BYTES];
-    prefix[..GROUP_BYTES].copy_from_slice(&group.to_be_bytes());
-    prefix[GROUP_BYTES..].copy_from_slice(&generation.to_be_bytes());
-    prefix
+/// The prefix shared by all entries of one generation of one group:
+/// `len (u8) | group (len bytes, BE) | len (u8) | generation (len bytes, BE)`
+/// with each number in its shortest form (at least one byte).
+///
+/// Shorter numbers have a smaller length byte, so prefixes sort by
+/// `(group, generation)`, and the prefix delimits itself. Small numbers keep
+/// short user keys within fjall's 20-byte inline key size.
+#[derive(Clone, Copy)]
+pub(crate) struct DataPrefix {
+    bytes: [u8; DATA_PREFIX_BYTES_MAX],
+    len: usize,
 }
 
-/// A data key as an owned vector (for batches and ingestion).
-pub(crate) fn data_key_vec(group: GroupId, generation: Generation, key: &[u8]) -> Vec<u8> {
-    let mut vec = Vec::with_capacity(DATA_PREFIX_BYTES + key.len());
-    vec.extend_from_slice(&data_prefix(group, generation));
-    vec.extend_from_slice(key);
-    vec
+impl DataPrefix {
+    pub(crate) fn new(group: GroupId, generation: Generation) -> Self {
+        let mut bytes = [0u8; DATA_PREFIX_BYTES_MAX];
+        let mut len = push_shortest(&mut bytes, 0, &group.to_be_bytes());
+        len = push_shortest(&mut bytes, len, &generation.to_be_bytes());
+        Self { bytes, len }
+    }
 }
 
-/// `(group, generation)` of a data key, `None` if it is shorter than the prefix.
+impl AsRef<[u8]> for DataPrefix {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// Writes `len | shortest bytes of big_endian` at `at`; returns the new end.
+fn push_shortest(out: &mut [u8; DATA_PREFIX_BYTES_MAX], at: usize, big_endian: &[u8]) -> usize {
+    let leading_zeros = big_endian.iter().take_while(|byte| **byte == 0).count();
+    let digits = &big_endian[leading_zeros.min(big_endian.len() - 1)..];
+    out[at] = digits.len() as u8;
+    out[at + 1..at + 1 + digits.len()].copy_from_slice(digits);
+    at + 1 + digits.len()
+}
+
+/// Reads `len | bytes` (1..=`max` bytes) from the front of `input`.
+fn read_shortest(input: &[u8], max: usize) -> Option<(u64, &[u8])> {
+    let (&len, rest) = input.split_first()?;
+    let len = usize::from(len);
+    if len == 0 || len > max {
+        return None;
+    }
+    let digits = rest.get(..len)?;
+    let value = digits.iter().fold(0u64, |acc, byte| (acc << 8) | u64::from(*byte));
+    Some((value, rest.get(len..)?))
+}
+
+/// `(group, generation)` of a data key, `None` if its prefix does not decode.
 pub(crate) fn decode_data_prefix(key: &[u8]) -> Option<(GroupId, Generation)> {
-    let group = key.get(..GROUP_BYTES)?;
-    let generation = key.get(GROUP_BYTES..DATA_PREFIX_BYTES)?;
-    Some((GroupId::from_be_bytes(group.try_into().ok()?), Generation::from_be_bytes(generation.try_into().ok()?)))
+    let (group, rest) = read_shortest(key, GROUP_BYTES)?;
+    let (generation, _) = read_shortest(rest, GENERATION_BYTES)?;
+    Some((group, Generation::try_from(generation).ok()?))
 }
 
 /// An offset as the shortest big-endian byte string (1 to 8 bytes).
@@ -221,14 +260,29 @@ mod tests {
 
     #[test]
     fn data_keys_sort_by_group_then_generation_then_key() {
-        let a = DataKey::new(1, 2, b"zz");
-        let b = DataKey::new(1, 3, b"aa");
-        let c = DataKey::new(2, 1, b"");
-        assert!(a.as_ref() < b.as_ref() && b.as_ref() < c.as_ref());
-        assert_eq!(decode_data_prefix(a.as_ref()), Some((1, 2)));
+        let ordered = [
+            DataKey::new(0, 1, b"zz"),
+            DataKey::new(1, 2, b"zz"),
+            DataKey::new(1, 3, b"aa"),
+            DataKey::new(1, 256, b""),
+            DataKey::new(2, 1, b""),
+            DataKey::new(255, u32::MAX, b"z"),
+            DataKey::new(256, 1, b""),
+            DataKey::new(u64::MAX, 1, b""),
+        ];
+        for pair in ordered.windows(2) {
+            assert!(pair[0].as_ref() < pair[1].as_ref());
+        }
+        assert_eq!(DataKey::new(1, 1, b"k-0000001").as_ref().len(), 13);
+        assert_eq!(decode_data_prefix(ordered[3].as_ref()), Some((1, 256)));
+        assert_eq!(decode_data_prefix(ordered[7].as_ref()), Some((u64::MAX, 1)));
         let long = vec![7u8; 500];
-        let heap = DataKey::new(9, 9, &long);
-        assert_eq!(heap.as_ref(), data_key_vec(9, 9, &long).as_slice());
+        let heap = DataKey::new(300, 9, &long);
+        assert_eq!(heap.as_ref().len(), 3 + 2 + 500);
+        assert_eq!(decode_data_prefix(heap.as_ref()), Some((300, 9)));
+        assert_eq!(decode_data_prefix(&[0]), None);
+        assert_eq!(decode_data_prefix(&[9, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]), None);
+        assert_eq!(decode_data_prefix(&[1, 1, 5, 1, 1, 1, 1, 1]), None);
     }
 
     #[test]

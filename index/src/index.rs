@@ -124,7 +124,7 @@ impl Index {
             let mut key_estimate = state.key_estimate.load(Ordering::Relaxed);
             let superseded = superseded_updates(updates);
             for (position, update) in updates.iter().enumerate() {
-                if superseded.contains(&position) {
+                if superseded.as_ref().and_then(|marks| marks.get(position)).copied().unwrap_or(false) {
                     continue;
                 }
                 let key = Slice::from(DataKey::new(group, generation, update.key()).as_ref());
@@ -554,18 +554,22 @@ struct LoadedGroup {
     key_estimate: u64,
 }
 
-/// Positions of updates that a later update of the same key overrides.
+/// Marks updates that a later update of the same key overrides; `None` if
+/// no key repeats (the common case).
 ///
 /// One batch must not hold two versions of a key: they would share one seqno.
-fn superseded_updates(updates: &[Update<'_>]) -> HashSet<usize> {
-    let mut superseded = HashSet::new();
+fn superseded_updates(updates: &[Update<'_>]) -> Option<Vec<bool>> {
     if updates.len() < 2 {
-        return superseded;
+        return None;
     }
     let mut seen = HashSet::with_capacity(updates.len());
+    let mut superseded: Option<Vec<bool>> = None;
     for (position, update) in updates.iter().enumerate().rev() {
         if !seen.insert(update.key()) {
-            superseded.insert(position);
+            let marks = superseded.get_or_insert_with(|| vec![false; updates.len()]);
+            if let Some(mark) = marks.get_mut(position) {
+                *mark = true;
+            }
         }
     }
     superseded

@@ -14,9 +14,7 @@
 //! marker stay live; after a crash the half-built generation is dead and the
 //! compaction filter removes it.
 
-use crate::encoding::{
-    DATA_PREFIX_BYTES, Generation, GroupRecord, data_prefix, encode_applied, encode_offset, encode_u32, group_meta_key,
-};
+use crate::encoding::{DataPrefix, Generation, GroupRecord, encode_applied, encode_offset, encode_u32, group_meta_key};
 use crate::error::{Error, Result, fjall_err};
 use crate::groups::GroupState;
 use crate::index::Shared;
@@ -98,14 +96,17 @@ struct Builder<'a> {
     generation: Generation,
     keys: u64,
     runs: u32,
+    prefix_len: usize,
     scratch: Vec<u8>,
 }
 
 impl<'a> Builder<'a> {
     fn new(shared: &'a Shared, group: GroupId, generation: Generation) -> Self {
-        let mut scratch = Vec::with_capacity(DATA_PREFIX_BYTES + 64);
-        scratch.extend_from_slice(&data_prefix(group, generation));
-        Self { shared, group, generation, keys: 0, runs: 0, scratch }
+        let prefix = DataPrefix::new(group, generation);
+        let prefix_len = prefix.as_ref().len();
+        let mut scratch = Vec::with_capacity(prefix_len + 64);
+        scratch.extend_from_slice(prefix.as_ref());
+        Self { shared, group, generation, keys: 0, runs: 0, prefix_len, scratch }
     }
 
     fn run<E>(
@@ -146,7 +147,7 @@ impl<'a> Builder<'a> {
             if records.peek().is_some_and(|next| next.0 == key) {
                 continue;
             }
-            self.scratch.truncate(DATA_PREFIX_BYTES);
+            self.scratch.truncate(self.prefix_len);
             self.scratch.extend_from_slice(&key);
             let data_key = Slice::from(self.scratch.as_slice());
             let existed = !first_run && self.exists(&data_key)?;
