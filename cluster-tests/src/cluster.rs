@@ -38,6 +38,8 @@ const START_ATTEMPTS: u32 = 3;
 const READY_POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// Log lines printed per node when a test fails.
 const FAILURE_LOG_LINES: usize = 60;
+/// Characters printed per log line in a failure report; the full log stays on disk.
+const LOG_LINE_CHARS_MAX: usize = 400;
 /// Set to keep the temp dir (data and logs) even when the test passes.
 pub const KEEP_ENV: &str = "LOGDEX_TEST_KEEP";
 
@@ -244,7 +246,7 @@ impl Cluster {
             Ok(bytes) => {
                 let text = String::from_utf8_lossy(&bytes);
                 let all: Vec<&str> = text.lines().collect();
-                all[all.len().saturating_sub(lines)..].join("\n")
+                all[all.len().saturating_sub(lines)..].iter().map(|line| shorten(line)).collect::<Vec<_>>().join("\n")
             }
             Err(e) => format!("<cannot read {}: {e}>", path.display()),
         }
@@ -409,6 +411,14 @@ impl Drop for Cluster {
             self.dir.disable_cleanup(true);
             eprintln!("kept {}", self.dir.path().display());
         }
+    }
+}
+
+/// A log line cut to `LOG_LINE_CHARS_MAX` characters (openraft logs whole states on one line).
+fn shorten(line: &str) -> String {
+    match line.char_indices().nth(LOG_LINE_CHARS_MAX) {
+        Some((cut, _)) => format!("{} ...", &line[..cut]),
+        None => line.to_string(),
     }
 }
 

@@ -158,3 +158,58 @@ pub fn show(bytes: &[u8]) -> String {
         Err(_) => format!("{bytes:?}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use reqwest::header::HeaderMap;
+    use reqwest::header::HeaderValue;
+
+    use super::History;
+    use crate::client::HEADER_OFFSET;
+    use crate::client::Reply;
+    use crate::client::Written;
+
+    fn lookup(status: u16, offset: Option<u64>, body: &[u8]) -> Reply {
+        let mut headers = HeaderMap::new();
+        if let Some(offset) = offset {
+            headers.insert(HEADER_OFFSET, HeaderValue::from(offset));
+        }
+        Reply { method: "GET".into(), url: "test".into(), status, headers, body: body.to_vec() }
+    }
+
+    /// k: v1 acknowledged at 3, v2 acknowledged at 7, v3 sent without an answer.
+    fn history() -> History {
+        let mut h = History::default();
+        for (value, offset) in [(&b"v1"[..], 3), (b"v2", 7)] {
+            h.attempt(b"k", value);
+            h.ack(b"k", value, Written { partition: 0, offset });
+        }
+        h.attempt(b"k", b"v3");
+        h
+    }
+
+    /// The last acknowledged value, or a later unacknowledged one, passes; anything else fails.
+    #[test]
+    fn check_lookup_accepts_only_the_last_ack_or_a_later_unacknowledged_write() {
+        let h = history();
+        assert_eq!(h.check_lookup(b"k", &lookup(200, Some(7), b"v2")).ok(), Some(Some(7)));
+        assert!(h.check_lookup(b"k", &lookup(200, Some(9), b"v3")).is_ok());
+        assert!(h.check_lookup(b"k", &lookup(404, None, b"")).is_err(), "a lost ack is a 404");
+        assert!(h.check_lookup(b"k", &lookup(200, Some(3), b"v1")).is_err(), "an older ack is a lost ack");
+        assert!(h.check_lookup(b"k", &lookup(200, Some(7), b"v3")).is_err(), "the acked offset holds the acked value");
+        assert!(h.check_lookup(b"k", &lookup(200, Some(9), b"v1")).is_err(), "an acked value cannot come back later");
+        assert!(h.check_lookup(b"k", &lookup(200, Some(9), b"v9")).is_err(), "a value never written");
+        assert!(h.check_lookup(b"k", &lookup(200, None, b"v2")).is_err(), "X-Kv-Offset is required");
+        assert!(h.check_lookup(b"other", &lookup(404, None, b"")).is_err(), "a key the test never wrote");
+    }
+
+    /// Without any acknowledgement, absence or a sent value passes.
+    #[test]
+    fn check_lookup_without_ack_accepts_absence_or_a_sent_value() {
+        let mut h = History::default();
+        h.attempt(b"k", b"v1");
+        assert!(h.check_lookup(b"k", &lookup(404, None, b"")).is_ok());
+        assert!(h.check_lookup(b"k", &lookup(200, Some(0), b"v1")).is_ok());
+        assert!(h.check_lookup(b"k", &lookup(200, Some(0), b"v2")).is_err());
+    }
+}

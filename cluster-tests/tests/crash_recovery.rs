@@ -18,6 +18,7 @@ use logdex_cluster_tests::Error;
 use logdex_cluster_tests::Read;
 use logdex_cluster_tests::Result;
 use logdex_cluster_tests::TopicSpec;
+use logdex_cluster_tests::Written;
 use logdex_cluster_tests::client::HEADER_NODE;
 use logdex_cluster_tests::client::HEADER_OFFSET;
 use logdex_cluster_tests::client::written;
@@ -32,16 +33,19 @@ use logdex_cluster_tests::support::poll_until;
 use logdex_cluster_tests::support::settled;
 use logdex_cluster_tests::support::test_rng;
 use rand::Rng as _;
+use rand::SeedableRng as _;
 use rand::rngs::StdRng;
 use serde_json::json;
 use tokio::task::JoinHandle;
 
 const NODES: usize = 3;
 const PARTITIONS: u32 = 3;
-/// Distinct keys the writer picks from, so keys are overwritten many times.
-const KEYS: usize = 40;
-/// Upper bounds of the writer: writes, attempts per write, and wall time.
-const WRITES_MAX: u64 = 5_000;
+/// Concurrent writing clients, so several writes are in flight when a node dies.
+const CLIENTS: usize = 4;
+/// Distinct keys each client picks from, so keys are overwritten many times.
+const KEYS_PER_CLIENT: usize = 10;
+/// Upper bounds of a client: writes, attempts per write, and wall time.
+const WRITES_PER_CLIENT_MAX: u64 = 2_000;
 const ATTEMPTS_PER_WRITE_MAX: u32 = 40;
 const WRITER_DEADLINE: Duration = Duration::from_secs(120);
 const RETRY_BACKOFF: Duration = Duration::from_millis(150);
@@ -52,7 +56,7 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
 const FETCH_PAGES_MAX: u32 = 200;
 const FETCH_PAGE_RECORDS: u32 = 500;
 
-/// SIGKILLs the leader of partition 0 while a client keeps writing through the other nodes;
+/// SIGKILLs the leader of partition 0 while 4 clients keep writing through the other nodes;
 /// checks that every partition gets a leader among the survivors, that writes are acknowledged
 /// again, then restarts the killed node and checks that every node answers every key with its
 /// last acknowledged value (or a later unacknowledged attempt) at an offset no lower than its
@@ -67,14 +71,14 @@ async fn acknowledged_writes_survive_sigkill_of_a_partition_leader() -> Result<(
 
 async fn leader_crash(cluster: &mut Cluster) -> Result<()> {
     const TOPIC: &str = "leader-crash";
-    let (_, rng) = test_rng("leader_crash")?;
+    let (_, mut rng) = test_rng("leader_crash")?;
     let before = create_topic(cluster, TOPIC).await?;
     let victim = before.partition(0)?.leader.ok_or_else(|| Error::Check("partition 0 has no leader".into()))?;
     let survivors: Vec<String> =
         cluster.node_ids().into_iter().filter(|id| *id != victim).map(|id| cluster.url(id)).collect();
     eprintln!("victim: node {victim}, leader of partition 0 (leaders {:?})", leaders(&before));
 
-    let writer = Writer::start(cluster.api().clone(), survivors, TOPIC, rng);
+    let writer = Writer::start(cluster.api().clone(), survivors, TOPIC, &mut rng);
     let outcome = async {
         writer.wait_for_acks(40, "acknowledged writes before the crash").await?;
         cluster.kill(victim)?;
@@ -92,7 +96,7 @@ async fn leader_crash(cluster: &mut Cluster) -> Result<()> {
     verify(cluster, TOPIC, &history).await
 }
 
-/// SIGKILLs all three nodes at once while a client is writing through all of them, restarts
+/// SIGKILLs all three nodes at once while 4 clients are writing through all of them, restarts
 /// them all, and checks that every node answers every key with its last acknowledged value (or
 /// a later unacknowledged attempt) and that every node's log holds every acknowledged record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,10 +108,10 @@ async fn acknowledged_writes_survive_sigkill_of_every_node_at_once() -> Result<(
 
 async fn total_crash(cluster: &mut Cluster) -> Result<()> {
     const TOPIC: &str = "total-crash";
-    let (_, rng) = test_rng("total_crash")?;
+    let (_, mut rng) = test_rng("total_crash")?;
     create_topic(cluster, TOPIC).await?;
     let urls: Vec<String> = cluster.node_ids().into_iter().map(|id| cluster.url(id)).collect();
-    let writer = Writer::start(cluster.api().clone(), urls, TOPIC, rng);
+    let writer = Writer::start(cluster.api().clone(), urls, TOPIC, &mut rng);
     let outcome = writer.wait_for_acks(150, "acknowledged writes before the crash").await;
     // Stop asking for new writes, and kill while the last one may be in flight.
     writer.stop.store(true, Ordering::SeqCst);
@@ -132,22 +136,37 @@ fn leaders(d: &logdex_cluster_tests::TopicDescription) -> Vec<(u32, Option<u64>)
     d.partitions.iter().map(|p| (p.partition, p.leader)).collect()
 }
 
-/// A client writing unique values to random keys, one write at a time, through random nodes of
-/// its list; a failed write is retried with the same value up to a bound, then abandoned.
+/// Clients writing unique values to random keys, each client one write at a time to its own
+/// keys (so writes to one key are sequential), through random nodes of its list; a failed write
+/// is retried with the same value up to a bound, then abandoned (its outcome unknown).
 struct Writer {
     history: Arc<Mutex<History>>,
     stop: Arc<AtomicBool>,
     acks: Arc<AtomicU64>,
-    task: JoinHandle<Result<String>>,
+    tasks: Vec<JoinHandle<Result<BTreeMap<String, u64>>>>,
 }
 
 impl Writer {
-    fn start(api: Api, urls: Vec<String>, topic: &'static str, rng: StdRng) -> Writer {
+    fn start(api: Api, urls: Vec<String>, topic: &'static str, rng: &mut StdRng) -> Writer {
         let history = Arc::new(Mutex::new(History::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let acks = Arc::new(AtomicU64::new(0));
-        let task = tokio::spawn(write_loop(api, urls, topic, rng, history.clone(), stop.clone(), acks.clone()));
-        Writer { history, stop, acks, task }
+        let tasks = (0..CLIENTS)
+            .map(|client| {
+                let client = Client {
+                    id: client,
+                    api: api.clone(),
+                    urls: urls.clone(),
+                    topic,
+                    rng: StdRng::seed_from_u64(rng.random()),
+                    history: history.clone(),
+                    stop: stop.clone(),
+                    acks: acks.clone(),
+                };
+                tokio::spawn(client.run())
+            })
+            .collect();
+        Writer { history, stop, acks, tasks }
     }
 
     fn acks(&self) -> u64 {
@@ -157,71 +176,87 @@ impl Writer {
     async fn wait_for_acks(&self, target: u64, what: &str) -> Result<()> {
         poll_until(&format!("{target} {what}"), PHASE_TIMEOUT, Duration::from_millis(100), || async {
             let acks = self.acks();
-            if self.task.is_finished() && acks < target {
-                return Err(Error::Check(format!("the writer ended after {acks} acknowledgements")));
+            if self.tasks.iter().all(JoinHandle::is_finished) && acks < target {
+                return Err(Error::Check(format!("the writers ended after {acks} acknowledgements")));
             }
             Ok(if acks >= target { Probe::Ready(()) } else { Probe::NotYet(format!("{acks} acknowledged")) })
         })
         .await
     }
 
-    /// Stops the writer after its current write and returns what it knows.
+    /// Stops the clients after their current write and returns what they know.
     async fn stop(self) -> Result<History> {
         self.stop.store(true, Ordering::SeqCst);
-        let stats = self.task.await.map_err(|e| Error::Check(format!("writer task failed: {e}")))??;
+        let mut failed: BTreeMap<String, u64> = BTreeMap::new();
+        for task in self.tasks {
+            let stats = task.await.map_err(|e| Error::Check(format!("writer task failed: {e}")))??;
+            for (kind, count) in stats {
+                *failed.entry(kind).or_default() += count;
+            }
+        }
         let history = self.history.lock().unwrap_or_else(PoisonError::into_inner).clone();
         eprintln!(
-            "writer: {} attempts of {} writes, {} acknowledged; {stats}",
+            "writers: {} writes to {} keys, {} acknowledged; failed attempts by kind: {failed:?}",
             history.attempts(),
-            history.keys().map(|(_, k)| k.attempted.len()).sum::<usize>(),
+            history.keys().count(),
             history.acks().len()
         );
         Ok(history)
     }
 }
 
-/// The writer's loop; returns a summary of the non-200 outcomes it met.
-async fn write_loop(
+/// One writing client of a `Writer`.
+struct Client {
+    id: usize,
     api: Api,
     urls: Vec<String>,
     topic: &'static str,
-    mut rng: StdRng,
+    rng: StdRng,
     history: Arc<Mutex<History>>,
     stop: Arc<AtomicBool>,
     acks: Arc<AtomicU64>,
-) -> Result<String> {
-    let started = Instant::now();
-    let mut failures: BTreeMap<String, u64> = BTreeMap::new();
-    for seq in 0..WRITES_MAX {
-        if stop.load(Ordering::SeqCst) || started.elapsed() > WRITER_DEADLINE {
-            break;
-        }
-        let key = format!("ck-{:02}", rng.random_range(0..KEYS)).into_bytes();
-        let value = format!("{}@{seq}", show(&key)).into_bytes();
-        history.lock().unwrap_or_else(PoisonError::into_inner).attempt(&key, &value);
-        for _ in 0..ATTEMPTS_PER_WRITE_MAX {
-            let url = &urls[rng.random_range(0..urls.len())];
-            let outcome = match api.put(url, topic, &key, &value).await {
-                Ok(reply) if reply.status == 200 => Ok(written(&reply)?),
-                Ok(reply) => Err(format!("status {}", reply.status)),
-                Err(e) if e.is_connect_failure() => Err("connect failed".to_string()),
-                Err(_) => Err("no answer".to_string()),
-            };
-            match outcome {
-                Ok(w) => {
-                    history.lock().unwrap_or_else(PoisonError::into_inner).ack(&key, &value, w);
-                    acks.fetch_add(1, Ordering::SeqCst);
-                    break;
-                }
-                Err(kind) => *failures.entry(kind).or_default() += 1,
-            }
-            if stop.load(Ordering::SeqCst) {
+}
+
+impl Client {
+    /// Writes until stopped or bounded out; returns the count of failed attempts by kind.
+    async fn run(mut self) -> Result<BTreeMap<String, u64>> {
+        let started = Instant::now();
+        let mut failed: BTreeMap<String, u64> = BTreeMap::new();
+        for seq in 0..WRITES_PER_CLIENT_MAX {
+            if self.stop.load(Ordering::SeqCst) || started.elapsed() > WRITER_DEADLINE {
                 break;
             }
-            tokio::time::sleep(RETRY_BACKOFF).await;
+            let key = format!("ck-{}-{:02}", self.id, self.rng.random_range(0..KEYS_PER_CLIENT)).into_bytes();
+            let value = format!("{}@{seq}", show(&key)).into_bytes();
+            self.history.lock().unwrap_or_else(PoisonError::into_inner).attempt(&key, &value);
+            for _ in 0..ATTEMPTS_PER_WRITE_MAX {
+                match self.put_once(&key, &value).await? {
+                    Ok(w) => {
+                        self.history.lock().unwrap_or_else(PoisonError::into_inner).ack(&key, &value, w);
+                        self.acks.fetch_add(1, Ordering::SeqCst);
+                        break;
+                    }
+                    Err(kind) => *failed.entry(kind).or_default() += 1,
+                }
+                if self.stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                tokio::time::sleep(RETRY_BACKOFF).await;
+            }
         }
+        Ok(failed)
     }
-    Ok(format!("failed attempts by kind: {failures:?}"))
+
+    /// One attempt through a random node: the acknowledgement, or the kind of failure.
+    async fn put_once(&mut self, key: &[u8], value: &[u8]) -> Result<std::result::Result<Written, String>> {
+        let url = &self.urls[self.rng.random_range(0..self.urls.len())];
+        Ok(match self.api.put(url, self.topic, key, value).await {
+            Ok(reply) if reply.status == 200 => Ok(written(&reply)?),
+            Ok(reply) => Err(format!("status {}", reply.status)),
+            Err(e) if e.is_connect_failure() => Err("connect failed".to_string()),
+            Err(_) => Err("no answer".to_string()),
+        })
+    }
 }
 
 /// After the faults: every key from every node, linearizably then from its own replica, and

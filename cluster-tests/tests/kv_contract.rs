@@ -28,6 +28,7 @@ use logdex_cluster_tests::client::written;
 use logdex_cluster_tests::ensure;
 use logdex_cluster_tests::ensure_eq;
 use logdex_cluster_tests::murmur2::kafka_partition;
+use logdex_cluster_tests::support::Failures;
 use logdex_cluster_tests::support::settled;
 use reqwest::Method;
 use serde_json::Value;
@@ -609,19 +610,20 @@ async fn malformed_requests(cluster: &Cluster) -> Result<()> {
         (Method::GET, format!("/topics/{TOPIC}/partitions/0/records?offset=abc"), None),
     ];
     let count = cases.len();
+    let mut failures = Failures::default();
     for (i, (method, path, body)) in cases.into_iter().enumerate() {
         let node = cluster.node_ids()[i % NODES];
         let base = cluster.url(node);
         let reply = cluster.api().request(method, &format!("{base}{path}"), body).await?;
-        ensure!(
-            (400..500).contains(&reply.status),
-            "bad request {} of {count} expected a 4xx: {}",
-            i + 1,
-            reply.summary()
-        );
-        reply.expect_error_shape()?;
-        cluster.api().healthz(&base).await?.expect_status(200)?;
+        if (400..500).contains(&reply.status) {
+            failures.record(reply.expect_error_shape().map(|_| ()));
+        } else {
+            failures.add(format!("expected a 4xx: {}", reply.summary()));
+        }
+        let health = cluster.api().healthz(&base).await;
+        failures.record(health.and_then(|h| h.expect_status(200).map(|_| ())));
     }
+    failures.into_result(count, "bad requests")?;
     // Nothing was written by the rejected requests, in particular no part of the mixed batch.
     let reply = get(cluster, 1, TOPIC, b"partial-ok", &Read::linearizable().partition(0)).await?;
     expect_key_not_found(&reply, Some(0))?;

@@ -40,7 +40,11 @@ fn main() -> BenchResult {
     let options = options()?;
     let keys: Vec<Vec<u8>> = (0..options.keys).map(|i| format!("k-{i:07}").into_bytes()).collect();
     let probes = random_probes(options.keys, GET_SAMPLES);
-    println!("## Run: {} keys `k-%07d`, batches of {BATCH}, {GET_SAMPLES} random gets\n", options.keys);
+    println!(
+        "## Run: {} keys `k-%07d`, batches of {BATCH}; best of {APPLY_ROUNDS} alternating apply rounds \
+         and of {GET_ROUNDS} alternating rounds of {GET_SAMPLES} random gets\n",
+        options.keys
+    );
     if !options.skip_idle {
         idle_groups(options.idle_secs)?;
     }

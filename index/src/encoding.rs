@@ -245,6 +245,25 @@ pub(crate) fn decode_applied(value: &[u8]) -> Option<(AppliedMarker, u64)> {
 mod tests {
     use super::*;
 
+    /// Golden bytes: these layouts are FORMAT.md version 1 and must not change
+    /// without bumping `FORMAT_VERSION`.
+    #[test]
+    fn format_v1_golden_bytes() {
+        assert_eq!(DataKey::new(1, 1, b"k").as_ref(), [1, 1, 1, 1, b'k']);
+        assert_eq!(DataKey::new(0x0102, 0x03, b"ab").as_ref(), [2, 1, 2, 1, 3, b'a', b'b']);
+        assert_eq!(DataKey::new(0, 0x0100_0000, b"").as_ref(), [1, 0, 4, 1, 0, 0, 0]);
+        assert_eq!(encode_offset(0x0102).as_ref(), [1, 2]);
+        assert_eq!(encode_offset(0).as_ref(), [0]);
+        assert_eq!(META_FORMAT_VERSION_KEY, [0x00, b'V']);
+        assert_eq!(META_NEXT_GENERATION_KEY, [0x00, b'G']);
+        assert_eq!(group_meta_key(0x0102, GroupRecord::Generation), [1, 0, 0, 0, 0, 0, 0, 1, 2, 1]);
+        assert_eq!(group_meta_key(0x0102, GroupRecord::Applied), [1, 0, 0, 0, 0, 0, 0, 1, 2, 2]);
+        assert_eq!(group_meta_key(0x0102, GroupRecord::Watermark), [1, 0, 0, 0, 0, 0, 0, 1, 2, 3]);
+        let marker = AppliedMarker { state: vec![0xAA], next_offset: 5 };
+        assert_eq!(encode_applied(&marker, 3), [0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 3, 0xAA]);
+        assert_eq!(FORMAT_VERSION, 1);
+    }
+
     #[test]
     fn offsets_round_trip_in_shortest_form() {
         for (offset, len) in

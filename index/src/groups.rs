@@ -15,7 +15,7 @@
 use crate::encoding::{Generation, NO_GENERATION};
 use crate::{GroupId, Offset};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// One group (partition replica) in memory.
@@ -99,10 +99,34 @@ impl Pending {
     }
 }
 
+/// Copies of the group map, one per reader shard: a reader only touches the
+/// lock of its own thread's shard, so concurrent `get`s share no written
+/// cache line. Writers (group creation and drop, both rare) update every copy.
+const SHARDS: usize = 8;
+
+type GroupMap = HashMap<GroupId, Arc<GroupState>>;
+
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Shard {
+    groups: RwLock<GroupMap>,
+}
+
+/// The reader shard of the calling thread (threads are spread round-robin).
+fn thread_shard() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+    }
+    SHARD.with(|shard| *shard)
+}
+
 /// All groups of the node.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
-    groups: RwLock<HashMap<GroupId, Arc<GroupState>>>,
+    shards: [Shard; SHARDS],
+    /// Serializes writers of the shards.
+    map_writes: Mutex<()>,
     pending: Mutex<Pending>,
     /// Incremented by every promotion before its fsync.
     epoch: AtomicU64,
@@ -112,22 +136,53 @@ pub(crate) struct Registry {
 
 impl Registry {
     pub(crate) fn get(&self, group: GroupId) -> Option<Arc<GroupState>> {
-        self.read_groups().get(&group).cloned()
+        self.read_shard().get(&group).cloned()
+    }
+
+    /// Runs `f` on the group's state without cloning its `Arc` (the read
+    /// path): holds the calling thread's shard lock, which only group
+    /// creation and drop contend for.
+    pub(crate) fn with_group<T>(&self, group: GroupId, f: impl FnOnce(Option<&GroupState>) -> T) -> T {
+        let shard = self.read_shard();
+        f(shard.get(&group).map(|state| &**state))
     }
 
     pub(crate) fn get_or_insert(&self, group: GroupId) -> Arc<GroupState> {
         if let Some(state) = self.get(group) {
             return state;
         }
-        self.write_groups().entry(group).or_default().clone()
+        let _writes = self.lock_map_writes();
+        if let Some(state) = self.get(group) {
+            return state;
+        }
+        let state = Arc::new(GroupState::default());
+        self.insert_everywhere(group, &state);
+        state
     }
 
     pub(crate) fn insert_loaded(&self, group: GroupId, state: GroupState) {
-        self.write_groups().insert(group, Arc::new(state));
+        let _writes = self.lock_map_writes();
+        self.insert_everywhere(group, &Arc::new(state));
     }
 
     pub(crate) fn group_count(&self) -> usize {
-        self.read_groups().len()
+        self.read_shard().len()
+    }
+
+    fn insert_everywhere(&self, group: GroupId, state: &Arc<GroupState>) {
+        for shard in &self.shards {
+            write_map(&shard.groups).insert(group, state.clone());
+        }
+    }
+
+    fn remove_everywhere(&self, group: GroupId, state: &Arc<GroupState>) {
+        let _writes = self.lock_map_writes();
+        for shard in &self.shards {
+            let mut groups = write_map(&shard.groups);
+            if groups.get(&group).is_some_and(|current| Arc::ptr_eq(current, state)) {
+                groups.remove(&group);
+            }
+        }
     }
 
     pub(crate) fn set_ready(&self) {
@@ -164,10 +219,7 @@ impl Registry {
         }
         state.live.store(NO_GENERATION, Ordering::Release);
         state.detached.store(true, Ordering::Release);
-        let mut groups = self.write_groups();
-        if groups.get(&group).is_some_and(|current| Arc::ptr_eq(current, state)) {
-            groups.remove(&group);
-        }
+        self.remove_everywhere(group, state);
     }
 
     /// Records a committed watermark raise; the filter applies it once durable.
@@ -237,18 +289,23 @@ impl Registry {
         });
     }
 
-    fn read_groups(&self) -> RwLockReadGuard<'_, HashMap<GroupId, Arc<GroupState>>> {
+    fn read_shard(&self) -> RwLockReadGuard<'_, GroupMap> {
+        let shard = self.shards.get(thread_shard() % SHARDS).unwrap_or(&self.shards[0]);
         // Every critical section is a single map operation: poisoning leaves nothing torn.
-        self.groups.read().unwrap_or_else(PoisonError::into_inner)
+        shard.groups.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn write_groups(&self) -> RwLockWriteGuard<'_, HashMap<GroupId, Arc<GroupState>>> {
-        self.groups.write().unwrap_or_else(PoisonError::into_inner)
+    fn lock_map_writes(&self) -> MutexGuard<'_, ()> {
+        self.map_writes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn lock_pending(&self) -> MutexGuard<'_, Pending> {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+fn write_map(groups: &RwLock<GroupMap>) -> RwLockWriteGuard<'_, GroupMap> {
+    groups.write().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use crate::groups::{GroupState, Registry};
 use crate::maintenance::{Activity, Maintenance};
 use crate::{AppliedMarker, GroupId, Lookup, Offset, Update};
 use fjall::compaction::filter::Factory;
-use fjall::{Database, Keyspace, KeyspaceCreateOptions, OwnedWriteBatch, PersistMode, Slice};
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, OwnedWriteBatch, PersistMode, Readable, Slice};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -151,23 +151,40 @@ impl Index {
     }
 
     /// Looks `key` up in `group`: one fjall point read.
+    ///
+    /// Reads the key's latest committed version. Point reads are not isolated
+    /// from a batch being committed concurrently: the key's version from an
+    /// `apply` that has not returned yet may already be visible (it is
+    /// committed in fjall's journal). Read the group's high watermark after
+    /// the lookup, not before, when the two must agree.
     pub fn get(&self, group: GroupId, key: &[u8]) -> Result<Lookup> {
         let shared = self.shared();
         shared.check_key_lengths(group, std::iter::once(key))?;
-        let Some(state) = shared.registry.get(group) else {
-            return Ok(Lookup::NotFound);
-        };
-        shared.lookup(group, &state, key)
+        shared.registry.with_group(group, |state| match state {
+            None => Ok(Lookup::NotFound),
+            Some(state) => shared.lookup(group, state, key, |data_key| shared.data.get(data_key)),
+        })
     }
 
-    /// Looks several keys of `group` up; answers in the order of `keys`.
+    /// Looks several keys of `group` up in one consistent view (a fjall
+    /// snapshot: whole batches only); answers in the order of `keys`.
     pub fn get_many(&self, group: GroupId, keys: &[&[u8]]) -> Result<Vec<Lookup>> {
         let shared = self.shared();
         shared.check_key_lengths(group, keys.iter().copied())?;
         let Some(state) = shared.registry.get(group) else {
             return Ok(vec![Lookup::NotFound; keys.len()]);
         };
-        keys.iter().map(|key| shared.lookup(group, &state, key)).collect()
+        loop {
+            let generation = state.live.load(Ordering::Acquire);
+            let snapshot = shared.db.snapshot();
+            let read = |data_key: &[u8]| snapshot.get(&shared.data, data_key);
+            let lookups = keys.iter().map(|key| shared.lookup(group, &state, key, read)).collect::<Result<Vec<_>>>()?;
+            // A generation switch in between: the snapshot may predate the new
+            // generation, so read everything again.
+            if state.live.load(Ordering::Acquire) == generation {
+                return Ok(lookups);
+            }
+        }
     }
 
     /// The group's applied marker; `None` for a group never written or dropped.
@@ -449,13 +466,19 @@ impl Shared {
     }
 
     /// The read path: one point read, retried if the generation changed under it.
-    fn lookup(&self, group: GroupId, state: &GroupState, key: &[u8]) -> Result<Lookup> {
+    fn lookup(
+        &self,
+        group: GroupId,
+        state: &GroupState,
+        key: &[u8],
+        read: impl Fn(&[u8]) -> fjall::Result<Option<Slice>>,
+    ) -> Result<Lookup> {
         loop {
             let generation = state.live.load(Ordering::Acquire);
             if generation == NO_GENERATION {
                 return Ok(Lookup::NotFound);
             }
-            let value = self.data.get(DataKey::new(group, generation, key)).map_err(fjall_err("get", Some(group)))?;
+            let value = read(DataKey::new(group, generation, key).as_ref()).map_err(fjall_err("get", Some(group)))?;
             if state.live.load(Ordering::Acquire) != generation {
                 // A rebuild or drop switched generations during the read; the
                 // old generation's entries may already be compacted away.

@@ -88,7 +88,20 @@ pub enum Lookup {
     /// The key's entry is at this offset, below the group's cleanup watermark.
     ///
     /// Only while the entry is still stored: once a compaction has removed it
-    /// the answer becomes `NotFound`. Replicas can differ in which of the two
-    /// they return for such a key; treat both as "no readable record".
+    /// the answer becomes `NotFound` (and after a restart it can be `Evicted`
+    /// again, when fjall replays journal records that the compaction filter had
+    /// removed from tables). Replicas can differ in which of the two they
+    /// return for such a key; treat both as "no readable record".
     Evicted(Offset),
+}
+
+#[cfg(test)]
+mod tests {
+    fn assert_send_sync<T: Send + Sync + 'static>() {}
+
+    #[test]
+    fn index_and_error_cross_threads() {
+        assert_send_sync::<crate::Index>();
+        assert_send_sync::<crate::Error>();
+    }
 }

@@ -18,6 +18,7 @@ pub mod network;
 pub mod node;
 pub mod partition;
 pub mod service;
+pub mod snapshot;
 pub mod state_machine;
 pub mod types;
 pub mod wire;

@@ -39,6 +39,44 @@ use crate::wire;
 /// Default deadline for node-to-node calls that openraft does not time itself.
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Deadline of a whole snapshot transfer.
+pub const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(600);
+/// Bytes of one snapshot file chunk on the wire.
+pub const SNAPSHOT_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// Streams the header, then every file of the snapshot in chunks with its CRC-32C.
+async fn send_snapshot_files(
+    header: pb::SnapshotHeader,
+    files: SnapshotData,
+    tx: tokio::sync::mpsc::Sender<pb::SnapshotChunk>,
+) -> Result<(), std::io::Error> {
+    use pb::snapshot_chunk::Kind;
+    use tokio::io::AsyncReadExt;
+    let closed = |_| std::io::Error::other("snapshot receiver closed the stream");
+    tx.send(pb::SnapshotChunk { kind: Some(Kind::Header(header)) }).await.map_err(closed)?;
+    for rel in files.list().map_err(std::io::Error::other)? {
+        let name = rel.to_string_lossy().replace(std::path::MAIN_SEPARATOR, "/");
+        let mut file = tokio::fs::File::open(files.dir.join(&rel)).await?;
+        let mut crc = 0u32;
+        let mut size = 0u64;
+        loop {
+            let mut buf = vec![0u8; SNAPSHOT_CHUNK_BYTES];
+            let n = file.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            buf.truncate(n);
+            crc = crc32c::crc32c_append(crc, &buf);
+            size += n as u64;
+            let chunk = pb::SnapshotFileChunk { name: name.clone(), data: buf };
+            tx.send(pb::SnapshotChunk { kind: Some(Kind::Data(chunk)) }).await.map_err(closed)?;
+        }
+        let end = pb::SnapshotFileEnd { name, size, crc32c: crc };
+        tx.send(pb::SnapshotChunk { kind: Some(Kind::FileEnd(end)) }).await.map_err(closed)?;
+    }
+    Ok(())
+}
+
 /// One channel per peer address, shared by all groups and by client-side calls.
 #[derive(Default)]
 pub struct ChannelPool {
@@ -177,14 +215,39 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
 
     async fn full_snapshot(
         &mut self,
-        _vote: Vote,
-        _snapshot: openraft::alias::SnapshotOf<TypeConfig, SnapshotData>,
-        _cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+        vote: Vote,
+        snapshot: openraft::alias::SnapshotOf<TypeConfig, SnapshotData>,
+        cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
         _option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError> {
-        Err(StreamingError::Unreachable(Unreachable::from_string(
-            "snapshot transfer is not supported yet: the Raft log is kept whole",
-        )))
+        let net = |e: &dyn std::fmt::Display| StreamingError::Unreachable(Unreachable::from_string(e.to_string()));
+        let mut client = self.pool.client(&self.addr).map_err(|e| net(&e))?;
+        let meta = &snapshot.meta;
+        let header = pb::SnapshotHeader {
+            header: Some(self.header),
+            vote: Some(wire::vote_to_pb(&vote)),
+            last_log_id: wire::opt_log_id_to_pb(meta.last_log_id.as_ref()),
+            last_membership_log_id: wire::opt_log_id_to_pb(meta.last_membership.log_id().as_ref()),
+            last_membership: Some(wire::membership_to_pb(meta.last_membership.membership())),
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel::<pb::SnapshotChunk>(4);
+        let files = snapshot.snapshot.clone();
+        let producer = tokio::spawn(async move { send_snapshot_files(header, files, tx).await });
+        let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+        let mut request = tonic::Request::new(stream);
+        request.set_timeout(SNAPSHOT_TIMEOUT);
+        let resp = tokio::select! {
+            r = client.install_snapshot(request) => r,
+            closed = cancel => {
+                producer.abort();
+                return Err(StreamingError::Closed(closed));
+            }
+        };
+        let sent = producer.await.map_err(|e| net(&e))?;
+        let resp = resp.map_err(|e| net(&e))?.into_inner();
+        sent.map_err(|e| net(&e))?;
+        let vote = wire::required(resp.vote, "SnapshotResponse", "vote").map_err(|e| net(&e))?;
+        Ok(SnapshotResponse { vote: wire::vote_from_pb(&vote) })
     }
 
     fn backoff(&self) -> Option<Backoff> {

@@ -27,6 +27,7 @@ use crate::network::RPC_TIMEOUT;
 use crate::partition::KeyRead;
 use crate::partition::Partition;
 use crate::pb;
+use crate::snapshot::SnapshotStore;
 use crate::state_machine::Controller;
 use crate::state_machine::GroupData;
 use crate::state_machine::GroupStateMachine;
@@ -39,6 +40,9 @@ use crate::wire;
 
 /// Voters of the controller group at bootstrap: the lowest ids of the peer list.
 pub const CONTROLLER_VOTERS_MAX: usize = 3;
+/// A group snapshots after this many applied entries; its Raft log is then
+/// purged up to the snapshot (keeping openraft's `max_in_snapshot_log_to_keep`).
+pub const SNAPSHOT_EVERY_ENTRIES: u64 = 5000;
 /// How long a write or a read waits for its group before answering unavailable.
 pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -131,7 +135,7 @@ impl Node {
                 heartbeat_interval: config.heartbeat_ms,
                 election_timeout_min: config.election_timeout_min_ms,
                 election_timeout_max: config.election_timeout_max_ms,
-                snapshot_policy: openraft::SnapshotPolicy::Never,
+                snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY_ENTRIES),
                 max_payload_entries: 256,
                 ..Default::default()
             }
@@ -147,7 +151,7 @@ impl Node {
             raft_config.clone(),
             NetworkFactory::new(CONTROLLER_GROUP, pool.clone()),
             raft_log.group(config.node_id),
-            GroupStateMachine::for_controller(controller.clone()),
+            GroupStateMachine::for_controller(controller.clone())?,
         )
         .await
         .map_err(Error::unavailable)?;
@@ -439,7 +443,8 @@ impl Node {
         let (partition, applied) =
             Partition::open(group, replica, &dir, self.inner.config.log.clone(), self.inner.index.clone())?;
         let partition = Arc::new(partition);
-        let sm = GroupStateMachine::new(GroupData::Partition(partition.clone()), applied);
+        let snapshots = SnapshotStore::open(dir.join("snapshots"))?;
+        let sm = GroupStateMachine::new(GroupData::Partition(partition.clone()), applied, snapshots);
         let raft = Raft::new(
             replica,
             self.inner.raft_config.clone(),
@@ -517,6 +522,14 @@ impl Node {
                 }
             }
         }
+    }
+
+    /// Where a group's snapshots live on this node.
+    pub fn snapshot_root(&self, group: GroupId) -> Option<PathBuf> {
+        if group == CONTROLLER_GROUP {
+            return Some(self.inner.config.data_dir.join("controller").join("snapshots"));
+        }
+        self.group(group).map(|g| g.partition.dir().join("snapshots"))
     }
 
     /// The hosted replica of `group`.

@@ -37,6 +37,10 @@ use crate::types::StoredMembership;
 
 /// Name of the durable checkpoint file in a partition directory.
 const CHECKPOINT_FILE: &str = "checkpoint.json";
+/// Present while a snapshot is being installed: names the snapshot directory.
+const INSTALL_FILE: &str = "installing.json";
+/// Applied state and next offset of a snapshot, inside its directory.
+const SNAPSHOT_STATE_FILE: &str = "state.json";
 
 /// What a key lookup found on this replica.
 #[derive(Debug)]
@@ -62,6 +66,7 @@ pub struct Partition {
     pub group: GroupId,
     pub replica: ReplicaId,
     dir: PathBuf,
+    log_config: LogConfig,
     log: RwLock<Log>,
     index: Index,
     high_watermark: AtomicU64,
@@ -104,7 +109,12 @@ impl Partition {
         index: Index,
     ) -> Result<(Partition, AppliedState)> {
         std::fs::create_dir_all(dir)?;
-        let mut log = Log::open(&dir.join("log"), log_config)?;
+        if let Some(snapshot) = read_install_intent(dir)? {
+            tracing::info!(group, replica, snapshot = %snapshot.display(), "finishing an interrupted snapshot install");
+            let (log, state) = install_files(replica, dir, &log_config, &index, &snapshot)?;
+            return Ok((Partition::from_parts(group, replica, dir, log_config, log, index), state));
+        }
+        let mut log = Log::open(&dir.join("log"), log_config.clone())?;
         let marker = index.applied(replica)?;
         let state = match marker {
             Some(m) if log.next_offset() >= m.next_offset => {
@@ -129,16 +139,57 @@ impl Partition {
             }
             None => AppliedState::default(),
         };
+        Ok((Partition::from_parts(group, replica, dir, log_config, log, index), state))
+    }
+
+    fn from_parts(
+        group: GroupId,
+        replica: ReplicaId,
+        dir: &Path,
+        log_config: LogConfig,
+        log: Log,
+        index: Index,
+    ) -> Partition {
         let hw = log.next_offset();
-        let partition = Partition {
+        Partition {
             group,
             replica,
             dir: dir.to_path_buf(),
+            log_config,
             log: RwLock::new(log),
             index,
             high_watermark: AtomicU64::new(hw),
+        }
+    }
+
+    /// The directory holding this replica's files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Writes a snapshot of the applied state into `staged`: a durable
+    /// checkpoint, hard links of the segment files, and `state.json`.
+    /// The caller must not apply entries meanwhile.
+    pub fn snapshot_to(&self, staged: &Path, state: &AppliedState) -> Result<()> {
+        self.checkpoint()?;
+        let next_offset = {
+            let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
+            log.checkpoint(&staged.join("log"))?;
+            log.next_offset()
         };
-        Ok((partition, state))
+        let snapshot_state = Checkpoint { state: state.encode(), next_offset };
+        write_file_durably(staged, SNAPSHOT_STATE_FILE, &serde_json::to_vec(&snapshot_state).unwrap_or_default())
+    }
+
+    /// Replaces this replica's log and index by a snapshot's; crash-safe: an
+    /// interrupted install is finished by the next open.
+    pub fn install_snapshot(&self, snapshot_dir: &Path) -> Result<AppliedState> {
+        write_file_durably(&self.dir, INSTALL_FILE, &serde_json::to_vec(snapshot_dir).unwrap_or_default())?;
+        let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
+        let (new_log, state) = install_files(self.replica, &self.dir, &self.log_config, &self.index, snapshot_dir)?;
+        self.high_watermark.store(new_log.next_offset(), Ordering::Release);
+        *log = new_log;
+        Ok(state)
     }
 
     /// The offset after the last applied record.
@@ -253,6 +304,57 @@ impl Partition {
         std::fs::remove_dir_all(&dir)?;
         Ok(())
     }
+}
+
+fn read_install_intent(dir: &Path) -> Result<Option<PathBuf>> {
+    match std::fs::read(dir.join(INSTALL_FILE)) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| Error::Corrupted(format!("{}: {e}", dir.join(INSTALL_FILE).display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Installs the segment files of `snapshot_dir`, rebuilds the index from them,
+/// records a checkpoint and clears the install intent. Idempotent.
+fn install_files(
+    replica: ReplicaId,
+    dir: &Path,
+    log_config: &LogConfig,
+    index: &Index,
+    snapshot_dir: &Path,
+) -> Result<(Log, AppliedState)> {
+    let bytes = std::fs::read(snapshot_dir.join(SNAPSHOT_STATE_FILE))?;
+    let snapshot: Checkpoint = serde_json::from_slice(&bytes)
+        .map_err(|e| Error::Corrupted(format!("snapshot state in {}: {e}", snapshot_dir.display())))?;
+    let log = Log::install(&dir.join("log"), &snapshot_dir.join("log"), log_config.clone())?;
+    if log.next_offset() != snapshot.next_offset {
+        return Err(Error::Corrupted(format!(
+            "snapshot in {} ends at offset {} but its state says {}",
+            snapshot_dir.display(),
+            log.next_offset(),
+            snapshot.next_offset
+        )));
+    }
+    let marker = AppliedMarker { state: snapshot.state.clone(), next_offset: snapshot.next_offset };
+    let keyed = log.scan(log.start_offset()).filter_map(|r| match r {
+        Ok((offset, record)) => {
+            let tombstone = record.value.is_none();
+            record.key.map(|key| Ok((key, offset, tombstone)))
+        }
+        Err(e) => Some(Err(e)),
+    });
+    let keys = index.rebuild(replica, keyed, &marker)??;
+    index.persist()?;
+    write_file_durably(dir, CHECKPOINT_FILE, &bytes)?;
+    match std::fs::remove_file(dir.join(INSTALL_FILE)) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.into()),
+    }
+    tracing::info!(replica, keys, next_offset = snapshot.next_offset, "snapshot installed; index rebuilt from the log");
+    Ok((log, AppliedState::decode(&snapshot.state)?))
 }
 
 fn rollback_to_checkpoint(replica: ReplicaId, dir: &Path, log: &mut Log, index: &Index) -> Result<AppliedState> {

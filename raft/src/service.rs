@@ -4,17 +4,26 @@
 //! blocking between groups). A request for a group or replica this node does
 //! not host is rejected, never applied to another replica.
 
+use std::path::Path;
+use std::path::PathBuf;
+
 use tonic::Request;
 use tonic::Response;
 use tonic::Status;
+use tonic::Streaming;
 
 use crate::node::Node;
 use crate::node::leader_read_index;
 use crate::pb;
 use crate::pb::raft_service_server::RaftService;
 use crate::pb::raft_service_server::RaftServiceServer;
+use crate::snapshot::SnapshotFiles;
+use crate::snapshot::SnapshotStore;
 use crate::types::CONTROLLER_GROUP;
 use crate::types::Raft;
+use crate::types::SnapshotMeta;
+use crate::types::StoredMembership;
+use crate::types::TypeConfig;
 use crate::wire;
 
 /// Largest node-to-node message accepted (an append of many batches).
@@ -58,6 +67,30 @@ impl Service {
     }
 }
 
+async fn install_received(
+    raft: &Raft,
+    vote: Option<pb::Vote>,
+    last_log_id: Option<pb::LogId>,
+    last_membership_log_id: Option<pb::LogId>,
+    last_membership: Option<pb::Membership>,
+    dir: &Path,
+) -> Result<Response<pb::SnapshotResponse>, Status> {
+    let vote = wire::vote_from_pb(&wire::required(vote, "SnapshotHeader", "vote").map_err(bad)?);
+    let membership =
+        wire::membership_from_pb(&wire::required(last_membership, "SnapshotHeader", "last_membership").map_err(bad)?)
+            .map_err(bad)?;
+    let meta = SnapshotMeta {
+        last_log_id: wire::opt_log_id_from_pb(last_log_id.as_ref()),
+        last_membership: StoredMembership::new(wire::opt_log_id_from_pb(last_membership_log_id.as_ref()), membership),
+    };
+    let snapshot = openraft::alias::SnapshotOf::<TypeConfig, SnapshotFiles> {
+        meta,
+        snapshot: SnapshotFiles { dir: dir.to_path_buf() },
+    };
+    let resp = raft.install_full_snapshot(vote, snapshot).await.map_err(fatal)?;
+    Ok(Response::new(pb::SnapshotResponse { vote: Some(wire::vote_to_pb(&resp.vote)) }))
+}
+
 fn bad(e: impl std::fmt::Display) -> Status {
     Status::invalid_argument(e.to_string())
 }
@@ -83,8 +116,129 @@ fn vote_response(resp: openraft::raft::VoteResponse<crate::types::TypeConfig>) -
     }
 }
 
+/// Upper bound on files in one received snapshot.
+const SNAPSHOT_FILES_MAX: usize = 100_000;
+
+/// A relative path inside a snapshot: no root, no `..`, not empty.
+fn safe_relative(name: &str) -> Result<PathBuf, Status> {
+    let path = Path::new(name);
+    let ok = !name.is_empty()
+        && name.len() < 1024
+        && path.components().all(|c| matches!(c, std::path::Component::Normal(_)));
+    if ok { Ok(path.to_path_buf()) } else { Err(Status::invalid_argument(format!("bad snapshot file name {name:?}"))) }
+}
+
+/// Writes the files of a snapshot stream into `dir`, checking each file's size and CRC-32C.
+async fn receive_snapshot_files(dir: &Path, stream: &mut Streaming<pb::SnapshotChunk>) -> Result<(), Status> {
+    use pb::snapshot_chunk::Kind;
+    use tokio::io::AsyncWriteExt;
+    let io = |e: std::io::Error| Status::internal(format!("writing snapshot: {e}"));
+    let mut current: Option<(String, tokio::fs::File, u32, u64)> = None;
+    let mut files = 0usize;
+    while let Some(chunk) = stream.message().await? {
+        match chunk.kind {
+            Some(Kind::Data(d)) => {
+                if current.as_ref().map(|c| &c.0) != Some(&d.name) {
+                    if current.is_some() {
+                        return Err(Status::invalid_argument("snapshot file data before the previous file ended"));
+                    }
+                    files += 1;
+                    if files > SNAPSHOT_FILES_MAX {
+                        return Err(Status::invalid_argument("too many files in snapshot"));
+                    }
+                    let path = dir.join(safe_relative(&d.name)?);
+                    if let Some(parent) = path.parent() {
+                        tokio::fs::create_dir_all(parent).await.map_err(io)?;
+                    }
+                    let file = tokio::fs::File::create(&path).await.map_err(io)?;
+                    current = Some((d.name.clone(), file, 0, 0));
+                }
+                if let Some((_, file, crc, size)) = current.as_mut() {
+                    file.write_all(&d.data).await.map_err(io)?;
+                    *crc = crc32c::crc32c_append(*crc, &d.data);
+                    *size += d.data.len() as u64;
+                }
+            }
+            Some(Kind::FileEnd(end)) => {
+                let (name, file, crc, size) = match current.take() {
+                    Some(c) if c.0 == end.name => c,
+                    None if end.size == 0 => {
+                        let path = dir.join(safe_relative(&end.name)?);
+                        if let Some(parent) = path.parent() {
+                            tokio::fs::create_dir_all(parent).await.map_err(io)?;
+                        }
+                        (end.name.clone(), tokio::fs::File::create(&path).await.map_err(io)?, 0, 0)
+                    }
+                    _ => {
+                        return Err(Status::invalid_argument(format!("unexpected end of snapshot file {:?}", end.name)));
+                    }
+                };
+                if crc != end.crc32c || size != end.size {
+                    return Err(Status::data_loss(format!(
+                        "snapshot file {name}: got {size} bytes with crc32c {crc:#010x}, sender says {} bytes with {:#010x}",
+                        end.size, end.crc32c
+                    )));
+                }
+                file.sync_all().await.map_err(io)?;
+            }
+            Some(Kind::Header(_)) => return Err(Status::invalid_argument("second snapshot header")),
+            None => return Err(Status::invalid_argument("empty snapshot chunk")),
+        }
+    }
+    if current.is_some() {
+        return Err(Status::invalid_argument("snapshot stream ended inside a file"));
+    }
+    sync_dirs(dir).map_err(io)
+}
+
+fn sync_dirs(dir: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            sync_dirs(&entry.path())?;
+        }
+    }
+    std::fs::File::open(dir)?.sync_all()
+}
+
 #[tonic::async_trait]
 impl RaftService for Service {
+    async fn install_snapshot(
+        &self,
+        request: Request<Streaming<pb::SnapshotChunk>>,
+    ) -> Result<Response<pb::SnapshotResponse>, Status> {
+        let mut stream = request.into_inner();
+        let first = stream.message().await?.ok_or_else(|| Status::invalid_argument("empty snapshot stream"))?;
+        let Some(pb::snapshot_chunk::Kind::Header(header)) = first.kind else {
+            return Err(Status::invalid_argument("a snapshot stream starts with its header"));
+        };
+        let group_header = header.header.ok_or_else(|| Status::invalid_argument("missing group header"))?;
+        let raft = self.raft_for(Some(group_header))?;
+        let root = self
+            .node
+            .snapshot_root(group_header.group_id)
+            .ok_or_else(|| Status::not_found(format!("group {} is not hosted here", group_header.group_id)))?;
+        let store = SnapshotStore::open_existing(root);
+        let staging = store.incoming(&format!("{}", group_header.target_replica)).map_err(fatal)?;
+        let result = receive_snapshot_files(&staging, &mut stream).await;
+        let installed = match result {
+            Ok(()) => {
+                install_received(
+                    &raft,
+                    header.vote,
+                    header.last_log_id,
+                    header.last_membership_log_id,
+                    header.last_membership,
+                    &staging,
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        let _ = std::fs::remove_dir_all(&staging);
+        installed
+    }
+
     async fn append_entries(
         &self,
         request: Request<pb::AppendEntriesRequest>,

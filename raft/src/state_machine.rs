@@ -26,14 +26,16 @@ use crate::error::to_io;
 use crate::partition::AppliedState;
 use crate::partition::Partition;
 use crate::pb;
+use crate::snapshot::SnapshotFiles;
+use crate::snapshot::SnapshotStore;
+use crate::snapshot::new_snapshot_id;
 use crate::types::LogId;
 use crate::types::SnapshotMeta;
 use crate::types::StoredMembership;
 use crate::types::TypeConfig;
 
-/// Snapshot payload. Snapshots are not built yet (the Raft log is kept whole,
-/// see ARCHITECTURE.md), so this type is never constructed.
-pub type SnapshotData = std::io::Cursor<Vec<u8>>;
+/// Snapshot payload: a directory of files (see [`crate::snapshot`]).
+pub type SnapshotData = SnapshotFiles;
 
 /// The controller's replicated state and where it is persisted.
 pub struct Controller {
@@ -76,18 +78,34 @@ pub enum GroupData {
 pub struct GroupStateMachine {
     data: GroupData,
     state: AppliedState,
+    snapshots: Arc<SnapshotStore>,
 }
 
 impl GroupStateMachine {
-    pub fn new(data: GroupData, state: AppliedState) -> GroupStateMachine {
-        GroupStateMachine { data, state }
+    pub fn new(data: GroupData, state: AppliedState, snapshots: SnapshotStore) -> GroupStateMachine {
+        GroupStateMachine { data, state, snapshots: Arc::new(snapshots) }
     }
 
-    pub fn for_controller(controller: Arc<Controller>) -> GroupStateMachine {
+    pub fn for_controller(controller: Arc<Controller>) -> crate::Result<GroupStateMachine> {
         let state = controller
             .with_state(|s| AppliedState { applied: s.applied.clone(), membership: s.membership.clone() })
             .unwrap_or_default();
-        GroupStateMachine { data: GroupData::Controller(controller), state }
+        let snapshots = SnapshotStore::open(controller.dir.join("snapshots"))?;
+        Ok(GroupStateMachine::new(GroupData::Controller(controller), state, snapshots))
+    }
+
+    /// Stages a snapshot of the applied state; runs in the state machine task,
+    /// so nothing is applied meanwhile.
+    fn stage_snapshot(&self) -> crate::Result<SnapshotBuilder> {
+        let id = new_snapshot_id(self.state.applied.as_ref());
+        let staged = self.snapshots.staging(&id)?;
+        match &self.data {
+            GroupData::Partition(p) => p.snapshot_to(&staged, &self.state)?,
+            GroupData::Controller(c) => c.state().save(&staged)?,
+        }
+        let meta =
+            SnapshotMeta { last_log_id: self.state.applied.clone(), last_membership: self.state.membership.clone() };
+        Ok(SnapshotBuilder { snapshots: self.snapshots.clone(), staged, id, meta })
     }
 
     fn apply_partition(&mut self, partition: &Partition, entries: Vec<EntryResponder<TypeConfig>>) -> io::Result<()> {
@@ -169,7 +187,7 @@ pub fn now_ms() -> u64 {
 
 impl RaftStateMachine<TypeConfig> for GroupStateMachine {
     type SnapshotData = SnapshotData;
-    type SnapshotBuilder = NoSnapshots;
+    type SnapshotBuilder = SnapshotBuilder;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
         Ok((self.state.applied.clone(), self.state.membership.clone()))
@@ -193,32 +211,78 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
     }
 
     async fn try_create_snapshot_builder(&mut self, _force: bool) -> Option<Self::SnapshotBuilder> {
-        None
+        match self.stage_snapshot() {
+            Ok(b) => Some(b),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot stage a snapshot");
+                None
+            }
+        }
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        NoSnapshots
+        // Deprecated entry point; openraft calls try_create_snapshot_builder.
+        let id = new_snapshot_id(self.state.applied.as_ref());
+        SnapshotBuilder {
+            snapshots: self.snapshots.clone(),
+            staged: PathBuf::new(),
+            id,
+            meta: SnapshotMeta { last_log_id: None, last_membership: StoredMembership::default() },
+        }
     }
 
-    async fn install_snapshot(&mut self, _meta: &SnapshotMeta, _snapshot: SnapshotData) -> Result<(), io::Error> {
-        Err(io::Error::new(io::ErrorKind::Unsupported, "snapshot install is not supported yet"))
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: SnapshotData) -> Result<(), io::Error> {
+        let adopted = self.snapshots.adopt(&snapshot, meta).map_err(to_io)?;
+        match &self.data {
+            GroupData::Partition(p) => {
+                let state = p.install_snapshot(&adopted.dir).map_err(to_io)?;
+                self.state = state;
+            }
+            GroupData::Controller(c) => {
+                let mut installed = ClusterState::load(&adopted.dir).map_err(to_io)?;
+                installed.applied = meta.last_log_id.clone();
+                installed.membership = meta.last_membership.clone();
+                installed.save(&c.dir).map_err(to_io)?;
+                *c.state.write().map_err(|_| to_io("controller state lock poisoned"))? = installed;
+                c.changed.send_modify(|v| *v += 1);
+                self.state =
+                    AppliedState { applied: meta.last_log_id.clone(), membership: meta.last_membership.clone() };
+            }
+        }
+        tracing::info!(last_log_id = ?meta.last_log_id, "snapshot installed");
+        Ok(())
     }
 
     async fn get_current_snapshot(
         &mut self,
     ) -> Result<Option<openraft::alias::SnapshotOf<TypeConfig, SnapshotData>>, io::Error> {
-        Ok(None)
+        Ok(self.snapshots.current().map_err(to_io)?.map(|(meta, snapshot)| openraft::alias::SnapshotOf::<
+            TypeConfig,
+            SnapshotData,
+        > {
+            meta,
+            snapshot,
+        }))
     }
 }
 
-/// Snapshot builder of a configuration that never builds snapshots
-/// (`SnapshotPolicy::Never`); building one is an error.
-pub struct NoSnapshots;
+/// Finishes a snapshot staged by the state machine: commits it as current.
+pub struct SnapshotBuilder {
+    snapshots: Arc<SnapshotStore>,
+    staged: PathBuf,
+    id: String,
+    meta: SnapshotMeta,
+}
 
-impl RaftSnapshotBuilder<TypeConfig> for NoSnapshots {
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     type SnapshotData = SnapshotData;
 
     async fn build_snapshot(&mut self) -> Result<openraft::alias::SnapshotOf<TypeConfig, SnapshotData>, io::Error> {
-        Err(io::Error::new(io::ErrorKind::Unsupported, "snapshots are not built: the Raft log is kept whole"))
+        if self.staged.as_os_str().is_empty() {
+            return Err(io::Error::other("snapshot builder was not staged"));
+        }
+        let files = self.snapshots.commit(&self.staged, &self.id, &self.meta).map_err(to_io)?;
+        tracing::info!(snapshot = %self.id, last_log_id = ?self.meta.last_log_id, "snapshot built");
+        Ok(openraft::alias::SnapshotOf::<TypeConfig, SnapshotData> { meta: self.meta.clone(), snapshot: files })
     }
 }

@@ -1,0 +1,168 @@
+//! Log benchmarks (plain `main`, std::time::Instant). Run in release:
+//! `cargo bench -p logdex-log`. Results are recorded in `log/BENCHMARKS.md`.
+//!
+//! 1. append MB/s: 1 KiB records in 64 KiB batches, fsync every 16 batches
+//!    (1 MiB), against raw `write` of the same bytes to a plain file with
+//!    the same fsync cadence;
+//! 2. read_record latency (p50/p99/p999) at random offsets, on the log of
+//!    (1) and on a log of single-record batches of 100-byte values (the
+//!    key-value PUT shape);
+//! 3. scan records/s over 100-byte records in batches of 100.
+//!
+//! `LOGDEX_BENCH_MB` sets the size of the append run (default 512).
+
+use std::fs::File;
+use std::hint::black_box;
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use logdex_log::{Compression, Log, LogConfig, Record, encode_batch};
+
+type BenchResult = Result<(), Box<dyn std::error::Error>>;
+
+const BATCHES_PER_SYNC: usize = 16;
+const LOOKUPS: usize = 200_000;
+
+fn main() -> BenchResult {
+    let total_mb: usize = std::env::var("LOGDEX_BENCH_MB").ok().and_then(|v| v.parse().ok()).unwrap_or(512);
+    let dir = tempfile::tempdir()?;
+    println!("logdex-log bench, data in {} (page cache warm after writing)", dir.path().display());
+    let append_dir = dir.path().join("append");
+    bench_append(&append_dir, total_mb)?;
+    bench_read_record(&append_dir, "64 KiB batches of 1 KiB records")?;
+    let small_dir = dir.path().join("small");
+    let small_mb = build_log(&small_dir, 1_000_000, 1, 100)?;
+    println!("built {small_mb:.0} MiB log of 1,000,000 single-record batches (100-byte values)");
+    bench_read_record(&small_dir, "single-record batches, 100-byte values")?;
+    let scan_dir = dir.path().join("scan");
+    let scan_mb = build_log(&scan_dir, 3_000_000, 100, 100)?;
+    println!("built {scan_mb:.0} MiB log of 3,000,000 100-byte records in batches of 100");
+    bench_scan(&scan_dir)?;
+    Ok(())
+}
+
+fn record(i: u64, value_bytes: usize) -> Record {
+    Record {
+        timestamp_ms: 1_700_000_000_000 + i as i64,
+        key: Some(format!("key-{:08}", i % 1_000_000).into_bytes()),
+        value: Some(vec![(i % 251) as u8; value_bytes]),
+        headers: Vec::new(),
+    }
+}
+
+fn bench_append(dir: &Path, total_mb: usize) -> BenchResult {
+    let records: Vec<Record> = (0..63).map(|i| record(i, 1024)).collect();
+    let batch = encode_batch(&records, Compression::None)?;
+    let batches = total_mb * (1 << 20) / batch.len();
+    let bytes = (batches * batch.len()) as f64 / (1 << 20) as f64;
+    println!(
+        "append: {batches} batches of {} bytes ({} records of 1 KiB), fsync every {BATCHES_PER_SYNC} batches",
+        batch.len(),
+        records.len()
+    );
+    std::fs::create_dir_all(dir)?;
+    let raw = raw_write(&dir.join("raw.bin"), &batch, batches)?;
+    let log = log_append(&dir.join("log"), &batch, batches)?;
+    std::fs::remove_file(dir.join("raw.bin"))?;
+    let (raw_mb, log_mb) = (bytes / raw.as_secs_f64(), bytes / log.as_secs_f64());
+    println!("  raw write + fdatasync: {raw_mb:8.1} MB/s ({:.2} s)", raw.as_secs_f64());
+    println!("  Log::append + sync:    {log_mb:8.1} MB/s ({:.2} s)", log.as_secs_f64());
+    println!("  ratio log/raw: {:.2}", log_mb / raw_mb);
+    std::fs::rename(dir.join("log"), dir.join("log.tmp"))?;
+    for entry in std::fs::read_dir(dir.join("log.tmp"))? {
+        let entry = entry?;
+        std::fs::rename(entry.path(), dir.join(entry.file_name()))?;
+    }
+    std::fs::remove_dir(dir.join("log.tmp"))?;
+    Ok(())
+}
+
+fn raw_write(path: &Path, batch: &[u8], batches: usize) -> Result<Duration, Box<dyn std::error::Error>> {
+    let mut file = File::create(path)?;
+    let started = Instant::now();
+    for i in 0..batches {
+        file.write_all(batch)?;
+        if (i + 1) % BATCHES_PER_SYNC == 0 {
+            file.sync_data()?;
+        }
+    }
+    file.sync_data()?;
+    Ok(started.elapsed())
+}
+
+fn log_append(dir: &Path, batch: &[u8], batches: usize) -> Result<Duration, Box<dyn std::error::Error>> {
+    let mut log = Log::open(dir, LogConfig::default())?;
+    let mut batch = batch.to_vec();
+    let started = Instant::now();
+    for i in 0..batches {
+        log.append(&mut batch, 0)?;
+        if (i + 1) % BATCHES_PER_SYNC == 0 {
+            log.sync()?;
+        }
+    }
+    log.sync()?;
+    Ok(started.elapsed())
+}
+
+/// Builds a log of `count` records in batches of `per_batch`; returns its size in MiB.
+fn build_log(dir: &Path, count: u64, per_batch: u64, value_bytes: usize) -> Result<f64, Box<dyn std::error::Error>> {
+    let mut log = Log::open(dir, LogConfig::default())?;
+    let mut i = 0;
+    while i < count {
+        let records: Vec<Record> = (i..(i + per_batch).min(count)).map(|j| record(j, value_bytes)).collect();
+        let mut batch = encode_batch(&records, Compression::None)?;
+        log.append(&mut batch, 0)?;
+        i += per_batch;
+    }
+    log.sync()?;
+    Ok(log.size_bytes() as f64 / (1 << 20) as f64)
+}
+
+fn bench_read_record(dir: &Path, shape: &str) -> BenchResult {
+    let log = Log::open(dir, LogConfig::default())?;
+    let next = log.next_offset();
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut latencies = Vec::with_capacity(LOOKUPS);
+    let started = Instant::now();
+    for _ in 0..LOOKUPS {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let offset = state % next;
+        let t = Instant::now();
+        let found = log.read_record(offset)?;
+        latencies.push(t.elapsed());
+        black_box(found);
+    }
+    let total = started.elapsed();
+    latencies.sort_unstable();
+    let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
+    println!(
+        "read_record ({shape}; {next} records, {:.0} MiB): p50 {:.1} us, p99 {:.1} us, p999 {:.1} us, {:.0} lookups/s",
+        log.size_bytes() as f64 / (1 << 20) as f64,
+        at(0.5).as_secs_f64() * 1e6,
+        at(0.99).as_secs_f64() * 1e6,
+        at(0.999).as_secs_f64() * 1e6,
+        LOOKUPS as f64 / total.as_secs_f64()
+    );
+    Ok(())
+}
+
+fn bench_scan(dir: &Path) -> BenchResult {
+    let log = Log::open(dir, LogConfig::default())?;
+    for round in 0..2 {
+        let started = Instant::now();
+        let mut count = 0u64;
+        for item in log.scan(0) {
+            black_box(item?);
+            count += 1;
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        println!(
+            "scan round {round}: {count} records in {elapsed:.2} s = {:.2} M records/s",
+            count as f64 / elapsed / 1e6
+        );
+    }
+    Ok(())
+}
