@@ -51,8 +51,11 @@ pub struct ServeArgs {
     /// Minimum Raft election timeout, in milliseconds (the maximum is twice this).
     #[arg(long, env = "LOGDEX_ELECTION_TIMEOUT_MS", default_value_t = 1500)]
     pub election_timeout_ms: u64,
+    /// Snapshot a group after this many applied entries; its Raft log is purged behind the snapshot.
+    #[arg(long, env = "LOGDEX_SNAPSHOT_EVERY", default_value_t = logdex_raft::node::SNAPSHOT_EVERY_ENTRIES)]
+    pub snapshot_every: u64,
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `logdex_raft=debug`.
-    #[arg(long, env = "LOGDEX_LOG", default_value = "info")]
+    #[arg(long, env = "LOGDEX_LOG", default_value = "info,openraft=error")]
     pub log: String,
 }
 
@@ -90,6 +93,7 @@ impl ServeArgs {
             heartbeat_ms: self.heartbeat_ms,
             election_timeout_min_ms: self.election_timeout_ms,
             election_timeout_max_ms: self.election_timeout_ms * 2,
+            snapshot_every_entries: self.snapshot_every,
             log: LogConfig::default(),
             index: IndexConfig::default(),
         };

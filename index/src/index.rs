@@ -515,6 +515,11 @@ impl Shared {
         Ok(())
     }
 
+    /// Seals the meta memtable so sealed journals it pins can be deleted.
+    pub(crate) fn seal_meta_memtable(&self) -> Result<()> {
+        self.meta.rotate_memtable().map(drop).map_err(fjall_err("flush", None))
+    }
+
     fn lock_next_generation(&self) -> MutexGuard<'_, Generation> {
         // Poisoning can only interrupt a plain integer store: the value is whole.
         self.next_generation.lock().unwrap_or_else(PoisonError::into_inner)

@@ -4,6 +4,10 @@
 //!   both keyspaces so fjall flushes them to tables and can delete the
 //!   journals they pinned (fjall only rotates memtables when they fill up, so
 //!   an idle node would otherwise keep its data in memory and in the journal).
+//! - Journal release: once fjall has sealed a journal (it rotates the active
+//!   one at 64 MiB), seal the small meta memtable too, at most once a second:
+//!   the meta keyspace gets a marker per apply but fills its memtable slowly,
+//!   so it would otherwise pin sealed journals until `journal_bytes_max`.
 //! - Promotion: if dropped generations or raised watermarks wait for an fsync
 //!   and `persist` was not called for `gc_sync_interval_ms`, call it, so the
 //!   compaction filter can reclaim their space.
@@ -92,8 +96,11 @@ fn tick(idle_flush_ms: u64, gc_sync_interval_ms: u64) -> Duration {
     Duration::from_millis((shortest / 4).clamp(TICK_MS_MIN, TICK_MS_MAX))
 }
 
+const META_SEAL_INTERVAL: Duration = Duration::from_secs(1);
+
 fn run(shared: &Shared, stop: &Stop, tick: Duration) {
     let mut last_promotion = Instant::now();
+    let mut last_meta_seal = Instant::now();
     loop {
         let stopped = stop.stopped.lock().unwrap_or_else(PoisonError::into_inner);
         let (stopped, _) =
@@ -109,6 +116,12 @@ fn run(shared: &Shared, stop: &Stop, tick: Duration) {
             && let Err(error) = shared.seal_memtables()
         {
             tracing::warn!(%error, "idle memtable flush failed");
+        }
+        if last_meta_seal.elapsed() >= META_SEAL_INTERVAL && shared.db.journal_count() > 1 {
+            last_meta_seal = Instant::now();
+            if let Err(error) = shared.seal_meta_memtable() {
+                tracing::warn!(%error, "meta memtable flush failed");
+            }
         }
         let gc_interval = Duration::from_millis(config.gc_sync_interval_ms);
         if config.gc_sync_interval_ms > 0 && last_promotion.elapsed() >= gc_interval && shared.registry.has_pending() {

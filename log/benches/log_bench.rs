@@ -9,7 +9,7 @@
 //!    key-value PUT shape);
 //! 3. scan records/s over 100-byte records in batches of 100.
 //!
-//! `LOGDEX_BENCH_MB` sets the size of the append run (default 512).
+//! `LOGDEX_BENCH_MB` sets the size of one append run (default 256).
 
 use std::fs::File;
 use std::hint::black_box;
@@ -23,14 +23,15 @@ type BenchResult = Result<(), Box<dyn std::error::Error>>;
 
 const BATCHES_PER_SYNC: usize = 16;
 const LOOKUPS: usize = 200_000;
+const APPEND_ROUNDS: usize = 3;
 
 fn main() -> BenchResult {
-    let total_mb: usize = std::env::var("LOGDEX_BENCH_MB").ok().and_then(|v| v.parse().ok()).unwrap_or(512);
+    let total_mb: usize = std::env::var("LOGDEX_BENCH_MB").ok().and_then(|v| v.parse().ok()).unwrap_or(256);
     let dir = tempfile::tempdir()?;
     println!("logdex-log bench, data in {} (page cache warm after writing)", dir.path().display());
     let append_dir = dir.path().join("append");
     bench_append(&append_dir, total_mb)?;
-    bench_read_record(&append_dir, "64 KiB batches of 1 KiB records")?;
+    bench_read_record(&append_dir.join("log"), "64 KiB batches of 1 KiB records")?;
     let small_dir = dir.path().join("small");
     let small_mb = build_log(&small_dir, 1_000_000, 1, 100)?;
     println!("built {small_mb:.0} MiB log of 1,000,000 single-record batches (100-byte values)");
@@ -55,27 +56,35 @@ fn bench_append(dir: &Path, total_mb: usize) -> BenchResult {
     let records: Vec<Record> = (0..63).map(|i| record(i, 1024)).collect();
     let batch = encode_batch(&records, Compression::None)?;
     let batches = total_mb * (1 << 20) / batch.len();
-    let bytes = (batches * batch.len()) as f64 / (1 << 20) as f64;
+    let mb = (batches * batch.len()) as f64 / (1 << 20) as f64;
     println!(
-        "append: {batches} batches of {} bytes ({} records of 1 KiB), fsync every {BATCHES_PER_SYNC} batches",
+        "append: {batches} batches of {} bytes ({} records of 1 KiB, {mb:.0} MiB), fsync every {BATCHES_PER_SYNC} batches, {APPEND_ROUNDS} alternating rounds",
         batch.len(),
         records.len()
     );
     std::fs::create_dir_all(dir)?;
-    let raw = raw_write(&dir.join("raw.bin"), &batch, batches)?;
-    let log = log_append(&dir.join("log"), &batch, batches)?;
-    std::fs::remove_file(dir.join("raw.bin"))?;
-    let (raw_mb, log_mb) = (bytes / raw.as_secs_f64(), bytes / log.as_secs_f64());
-    println!("  raw write + fdatasync: {raw_mb:8.1} MB/s ({:.2} s)", raw.as_secs_f64());
-    println!("  Log::append + sync:    {log_mb:8.1} MB/s ({:.2} s)", log.as_secs_f64());
-    println!("  ratio log/raw: {:.2}", log_mb / raw_mb);
-    std::fs::rename(dir.join("log"), dir.join("log.tmp"))?;
-    for entry in std::fs::read_dir(dir.join("log.tmp"))? {
-        let entry = entry?;
-        std::fs::rename(entry.path(), dir.join(entry.file_name()))?;
+    let (mut raw_rates, mut log_rates) = (Vec::new(), Vec::new());
+    for round in 0..APPEND_ROUNDS {
+        let raw = raw_write(&dir.join("raw.bin"), &batch, batches)?;
+        std::fs::remove_file(dir.join("raw.bin"))?;
+        if round > 0 {
+            std::fs::remove_dir_all(dir.join("log"))?;
+        }
+        let log = log_append(&dir.join("log"), &batch, batches)?;
+        raw_rates.push(mb / raw.as_secs_f64());
+        log_rates.push(mb / log.as_secs_f64());
+        println!("  round {round}: raw {:7.1} MB/s, log {:7.1} MB/s", raw_rates[round], log_rates[round]);
     }
-    std::fs::remove_dir(dir.join("log.tmp"))?;
+    let (raw_mb, log_mb) = (median(&mut raw_rates), median(&mut log_rates));
+    println!("  median raw write + fdatasync: {raw_mb:7.1} MB/s");
+    println!("  median Log::append + sync:    {log_mb:7.1} MB/s");
+    println!("  ratio log/raw: {:.2}", log_mb / raw_mb);
     Ok(())
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }
 
 fn raw_write(path: &Path, batch: &[u8], batches: usize) -> Result<Duration, Box<dyn std::error::Error>> {

@@ -79,7 +79,8 @@ pub(crate) fn compact_sealed(
         let base_offset = segments[index].base_offset;
         if size_bytes == 0 && index > 0 {
             files::remove_if_exists(&files::cleaned_path(dir, base_offset))?;
-            segments.remove(index).delete(dir)?;
+            segments[index].delete(dir)?;
+            segments.remove(index);
             files::sync_dir(dir)?;
             continue;
         }

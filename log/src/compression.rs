@@ -2,6 +2,7 @@
 //! `Lz4BlockOutputStream`) and zstd (one zstd frame, as zstd-jni's stream).
 //! Decompression is bounded by [`DECOMPRESSED_BYTES_MAX`].
 
+use std::cell::RefCell;
 use std::io::Read;
 
 use lz4_flex::frame::{BlockMode, BlockSize, FrameDecoder, FrameEncoder, FrameInfo};
@@ -52,13 +53,49 @@ pub(crate) fn decompress(codec: Compression, input: &[u8], out: &mut Vec<u8>) ->
             decoder.take(limit).read_to_end(out).map_err(failed)?;
         }
         Compression::Zstd => {
-            let mut decoder = zstd::stream::read::Decoder::with_buffer(input).map_err(failed)?;
-            decoder.window_log_max(ZSTD_WINDOW_LOG_MAX).map_err(failed)?;
-            decoder.take(limit).read_to_end(out).map_err(failed)?;
+            if !zstd_bulk(input, out) {
+                out.clear();
+                let mut decoder = zstd::stream::read::Decoder::with_buffer(input).map_err(failed)?;
+                decoder.window_log_max(ZSTD_WINDOW_LOG_MAX).map_err(failed)?;
+                decoder.take(limit).read_to_end(out).map_err(failed)?;
+            }
         }
     }
     if out.len() > DECOMPRESSED_BYTES_MAX {
         return Err(Error::DecompressedTooLarge { limit: DECOMPRESSED_BYTES_MAX });
     }
     Ok(())
+}
+
+thread_local! {
+    /// One reusable zstd context per thread: creating one per batch costs
+    /// more than decompressing a small batch.
+    static ZSTD_CONTEXT: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+}
+
+/// Fast path for a frame that declares its content size (as our encoder
+/// writes): one call into a cached context. Returns false when the frame
+/// does not declare a size within the bound or anything fails; the caller
+/// then takes the streaming path, which gives the authoritative answer.
+fn zstd_bulk(input: &[u8], out: &mut Vec<u8>) -> bool {
+    let Ok(Some(size)) = zstd::zstd_safe::get_frame_content_size(input) else {
+        return false;
+    };
+    if size > DECOMPRESSED_BYTES_MAX as u64 {
+        return false;
+    }
+    ZSTD_CONTEXT.with(|cell| {
+        let Ok(mut slot) = cell.try_borrow_mut() else {
+            return false;
+        };
+        if slot.is_none() {
+            *slot = zstd::bulk::Decompressor::new().ok();
+        }
+        let Some(context) = slot.as_mut() else {
+            return false;
+        };
+        out.clear();
+        out.reserve(size as usize);
+        matches!(context.decompress_to_buffer(input, out), Ok(n) if n as u64 == size)
+    })
 }

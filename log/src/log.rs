@@ -40,6 +40,18 @@ pub struct SegmentInfo {
     pub sealed: bool,
 }
 
+impl std::fmt::Debug for Log {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Log")
+            .field("dir", &self.dir)
+            .field("start_offset", &self.start_offset())
+            .field("next_offset", &self.next_offset())
+            .field("segments", &self.segments.len())
+            .field("poisoned", &self.poisoned)
+            .finish()
+    }
+}
+
 /// Chunk size of sequential reads for `scan`.
 const SCAN_CHUNK_BYTES: usize = 1 << 20;
 
@@ -246,10 +258,15 @@ impl Log {
             return Err(Error::Poisoned);
         }
         self.guarded(|log| {
-            while let Some(segment) = log.segments.pop() {
-                segment.delete(&log.dir)?;
+            // Newest first, so a crash leaves a prefix of the old log; the
+            // oldest entry stays listed until its replacement exists, so the
+            // list is never empty.
+            while log.segments.len() > 1 {
+                log.active().delete(&log.dir)?;
+                log.segments.pop();
             }
-            log.segments.push(Segment::create(&log.dir, start_offset)?);
+            log.segments[0].delete(&log.dir)?;
+            log.segments[0] = Segment::create(&log.dir, start_offset)?;
             files::sync_dir(&log.dir)?;
             log.dir_dirty = false;
             info!(start_offset, "log reset");
@@ -301,8 +318,8 @@ impl Log {
         }
         self.guarded(|log| {
             while log.segments.len() > 1 && log.retention_due(&log.segments[0], now_ms) {
-                let segment = log.segments.remove(0);
-                segment.delete(&log.dir)?;
+                log.segments[0].delete(&log.dir)?;
+                log.segments.remove(0);
                 log.dir_dirty = true;
                 info!(start_offset = log.start_offset(), "retention moved the start offset");
             }
@@ -499,9 +516,8 @@ impl Log {
 
     fn truncate_at(&mut self, index: usize, cut: u64, next_offset: Offset) -> Result<()> {
         while self.segments.len() > index + 1 {
-            if let Some(segment) = self.segments.pop() {
-                segment.delete(&self.dir)?;
-            }
+            self.active().delete(&self.dir)?;
+            self.segments.pop();
         }
         let interval = self.config.seek_interval_bytes;
         let dir = self.dir.clone();

@@ -230,8 +230,9 @@ impl Segment {
         Ok(())
     }
 
-    /// Removes the segment's files (seek file first, then the log).
-    pub(crate) fn delete(self, dir: &Path) -> Result<()> {
+    /// Removes the segment's files (seek file first, then the log). The
+    /// caller drops the segment from its list once this succeeded.
+    pub(crate) fn delete(&self, dir: &Path) -> Result<()> {
         files::remove_if_exists(&files::seek_path(dir, self.base_offset))?;
         fs::remove_file(&self.path).map_err(Error::io("remove", &self.path))?;
         info!(base_offset = self.base_offset, "segment deleted");

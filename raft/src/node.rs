@@ -40,8 +40,8 @@ use crate::wire;
 
 /// Voters of the controller group at bootstrap: the lowest ids of the peer list.
 pub const CONTROLLER_VOTERS_MAX: usize = 3;
-/// A group snapshots after this many applied entries; its Raft log is then
-/// purged up to the snapshot (keeping openraft's `max_in_snapshot_log_to_keep`).
+/// Default: a group snapshots after this many applied entries; its Raft log is
+/// then purged up to the snapshot, keeping a fifth of that behind it.
 pub const SNAPSHOT_EVERY_ENTRIES: u64 = 5000;
 /// How long a write or a read waits for its group before answering unavailable.
 pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
@@ -62,6 +62,8 @@ pub struct NodeConfig {
     pub heartbeat_ms: u64,
     pub election_timeout_min_ms: u64,
     pub election_timeout_max_ms: u64,
+    /// A group snapshots after this many applied entries and purges its Raft log behind it.
+    pub snapshot_every_entries: u64,
     pub log: LogConfig,
     pub index: IndexConfig,
 }
@@ -70,6 +72,9 @@ impl NodeConfig {
     pub fn validate(&self) -> Result<()> {
         if self.node_id == 0 {
             return Err(Error::Invalid("node id must be at least 1".into()));
+        }
+        if self.snapshot_every_entries == 0 {
+            return Err(Error::Invalid("snapshot interval must be at least 1 entry".into()));
         }
         if self.heartbeat_ms == 0 || self.election_timeout_min_ms <= self.heartbeat_ms * 2 {
             return Err(Error::Invalid("election timeout must exceed twice the heartbeat".into()));
@@ -135,7 +140,8 @@ impl Node {
                 heartbeat_interval: config.heartbeat_ms,
                 election_timeout_min: config.election_timeout_min_ms,
                 election_timeout_max: config.election_timeout_max_ms,
-                snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY_ENTRIES),
+                snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
+                max_in_snapshot_log_to_keep: config.snapshot_every_entries / 5,
                 max_payload_entries: 256,
                 ..Default::default()
             }

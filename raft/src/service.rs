@@ -170,7 +170,10 @@ async fn receive_snapshot_files(dir: &Path, stream: &mut Streaming<pb::SnapshotC
                         (end.name.clone(), tokio::fs::File::create(&path).await.map_err(io)?, 0, 0)
                     }
                     _ => {
-                        return Err(Status::invalid_argument(format!("unexpected end of snapshot file {:?}", end.name)));
+                        return Err(Status::invalid_argument(format!(
+                            "unexpected end of snapshot file {:?}",
+                            end.name
+                        )));
                     }
                 };
                 if crc != end.crc32c || size != end.size {
