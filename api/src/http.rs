@@ -87,6 +87,7 @@ pub fn app(state: AppState) -> AxumRouter {
         .route("/topics/{topic}/config", post(alter_topic_config))
         .route("/topics/{topic}/records", post(produce_records))
         .route("/topics/{topic}/partitions/{partition}/records", get(fetch_records))
+        .route("/topics/{topic}/partitions/{partition}/replicas", axum::routing::put(move_partition))
         .route("/kv/{topic}/{*key}", get(get_key).put(put_key).delete(delete_key))
         .route("/cluster", get(cluster))
         .route("/healthz", get(|| async { "ok" }))
@@ -219,13 +220,20 @@ async fn describe(s: &AppState, t: &TopicRecord) -> Value {
             let hw = leader_view.map(|g| g.high_watermark).or_else(|| views.iter().map(|g| g.high_watermark).max());
             let start =
                 leader_view.map(|g| g.log_start_offset).or_else(|| views.iter().map(|g| g.log_start_offset).min());
-            json!({
+            let mut v = json!({
                 "partition": p.partition,
                 "replicas": p.replicas.iter().map(|r| r.node_id).collect::<Vec<_>>(),
                 "leader": leader,
                 "high_watermark": hw.unwrap_or(0),
                 "log_start_offset": start.unwrap_or(0),
-            })
+            });
+            if let Some(target) = &p.target {
+                v["move"] = json!({
+                    "target_replicas": target.iter().map(|r| r.node_id).collect::<Vec<_>>(),
+                    "state": "in_progress",
+                });
+            }
+            v
         })
         .collect();
     json!({
@@ -273,6 +281,36 @@ async fn alter_topic_config(
     }
     let t = topic(&s, &name)?;
     Ok(Json(describe(&s, &t).await))
+}
+
+async fn move_partition(
+    State(s): State<AppState>,
+    Path((name, partition)): Path<(String, u32)>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    #[derive(Deserialize)]
+    struct Move {
+        replicas: Vec<u64>,
+    }
+    let req: Move = parse_json(&body)?;
+    let t = topic(&s, &name)?;
+    if partition as usize >= t.partitions.len() {
+        return Err(ApiError::bad("invalid_partition", format!("topic {name} has no partition {partition}")));
+    }
+    let cmd = pb::ControllerCommand {
+        kind: Some(pb::controller_command::Kind::MovePartition(pb::MovePartition {
+            topic: name.clone(),
+            partition,
+            nodes: req.replicas,
+        })),
+    };
+    let result = s.router.node.controller_write(cmd, false).await?;
+    if let Some(e) = controller_error(&result) {
+        return Err(e);
+    }
+    let status = if result.status == "ok" { StatusCode::ACCEPTED } else { StatusCode::OK };
+    let t = topic(&s, &name)?;
+    Ok((status, Json(describe(&s, &t).await)).into_response())
 }
 
 // ---------------------------------------------------------------- common

@@ -68,13 +68,20 @@ pub struct Cluster {
     _serial: OwnedMutexGuard<()>,
 }
 
+impl NodeProcess {
+    fn lock_child(&self) -> std::sync::MutexGuard<'_, Option<Child>> {
+        self.child.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 struct NodeProcess {
     id: u64,
     http_addr: SocketAddr,
     rpc_addr: SocketAddr,
     data_dir: PathBuf,
     log_path: PathBuf,
-    child: Option<Child>,
+    /// The running process; behind a lock so liveness checks work through `&Cluster`.
+    child: std::sync::Mutex<Option<Child>>,
     launches: u32,
 }
 
@@ -123,7 +130,7 @@ impl Cluster {
 
     /// Ids of the nodes whose process the harness has running (not killed).
     pub fn running_ids(&self) -> Vec<u64> {
-        self.nodes.iter().filter(|n| n.child.is_some()).map(|n| n.id).collect()
+        self.nodes.iter().filter(|n| n.lock_child().is_some()).map(|n| n.id).collect()
     }
 
     /// `http://127.0.0.1:PORT` of node `id`.
@@ -146,8 +153,7 @@ impl Cluster {
     /// SIGKILLs node `id` (`Child::kill`) and reaps it. Fails if it had already died on its own.
     pub fn kill(&mut self, id: u64) -> Result<()> {
         self.check_alive(id)?;
-        let node = self.node_mut(id);
-        if let Some(mut child) = node.child.take() {
+        if let Some(mut child) = self.node(id).lock_child().take() {
             let _ = child.kill();
             child.wait().map_err(|e| Error::io(format!("reaping node {id}"), e))?;
         }
@@ -161,8 +167,8 @@ impl Cluster {
             self.check_alive(id)?;
         }
         let mut killed = Vec::new();
-        for node in &mut self.nodes {
-            if let Some(mut child) = node.child.take() {
+        for node in &self.nodes {
+            if let Some(mut child) = node.lock_child().take() {
                 let _ = child.kill();
                 killed.push((node.id, child));
             }
@@ -188,7 +194,7 @@ impl Cluster {
     /// Starts every stopped node again (all before waiting, so they can form a quorum) and
     /// waits until every node's `/readyz` answers 200.
     pub async fn restart_all(&mut self) -> Result<()> {
-        let stopped: Vec<u64> = self.nodes.iter().filter(|n| n.child.is_none()).map(|n| n.id).collect();
+        let stopped: Vec<u64> = self.nodes.iter().filter(|n| n.lock_child().is_none()).map(|n| n.id).collect();
         for &id in &stopped {
             self.launch(id)?;
         }
@@ -212,6 +218,7 @@ impl Cluster {
     pub async fn wait_for_leaders(&self, topic: &str, timeout: Duration) -> Result<TopicDescription> {
         let what = format!("a running leader for every partition of {topic}");
         poll_until(&what, timeout, Duration::from_millis(200), || async {
+            self.check_all_alive()?;
             let running = self.running_ids();
             let mut seen = Vec::new();
             for id in &running {
@@ -287,7 +294,7 @@ impl Cluster {
         let binary = self.binary.clone();
         let peers = self.peers.clone();
         let node = self.node_mut(id);
-        if node.child.is_some() {
+        if node.lock_child().is_some() {
             return Err(Error::Check(format!("node {id} is already running")));
         }
         node.launches += 1;
@@ -317,7 +324,7 @@ impl Cluster {
         command.env("RUST_BACKTRACE", "1").stdin(Stdio::null()).stdout(stdout).stderr(File::from(log));
         let child =
             command.spawn().map_err(|e| Error::io(format!("spawning {} for node {id}", binary.display()), e))?;
-        node.child = Some(child);
+        *node.lock_child() = Some(child);
         Ok(())
     }
 
@@ -353,19 +360,33 @@ impl Cluster {
     }
 
     /// `Err(NodeExited)` if node `id` was started by the harness and has exited since.
-    fn check_alive(&mut self, id: u64) -> Result<()> {
-        let node = self.node_mut(id);
-        let Some(child) = node.child.as_mut() else {
+    pub fn check_alive(&self, id: u64) -> Result<()> {
+        let node = self.node(id);
+        let mut guard = node.lock_child();
+        let Some(child) = guard.as_mut() else {
             return Err(Error::Check(format!("node {id} is not running (killed by the test)")));
         };
         match child.try_wait() {
             Ok(None) => Ok(()),
             Ok(Some(status)) => {
-                node.child = None;
-                Err(Error::NodeExited { node_id: id, status: status.to_string(), log_tail: self.log_tail(id, 30) })
+                *guard = None;
+                drop(guard);
+                let mut status = status.to_string();
+                if status.contains("SIGKILL") {
+                    status.push_str(
+                        ", a signal this harness did not send: another process (a pkill or killall of logdex?) \
+                         or the OOM killer killed it",
+                    );
+                }
+                Err(Error::NodeExited { node_id: id, status, log_tail: self.log_tail(id, 30) })
             }
             Err(e) => Err(Error::io(format!("checking node {id}"), e)),
         }
+    }
+
+    /// `check_alive` for every node the harness has running.
+    pub fn check_all_alive(&self) -> Result<()> {
+        self.running_ids().into_iter().try_for_each(|id| self.check_alive(id))
     }
 
     fn any_log_says_address_in_use(&self) -> bool {
@@ -378,8 +399,8 @@ impl Cluster {
     }
 
     fn kill_all_quietly(&mut self) {
-        for node in &mut self.nodes {
-            if let Some(mut child) = node.child.take() {
+        for node in &self.nodes {
+            if let Some(mut child) = node.lock_child().take() {
                 let _ = child.kill();
                 let _ = child.wait();
             }
@@ -390,6 +411,11 @@ impl Cluster {
     fn report_failure(&mut self, reason: &str) {
         self.keep_dir = true;
         eprintln!("===== test failed: {reason}");
+        for id in self.running_ids() {
+            if let Err(e) = self.check_alive(id) {
+                eprintln!("===== {e}");
+            }
+        }
         for id in self.node_ids() {
             eprintln!(
                 "===== node {id}: last {FAILURE_LOG_LINES} lines of {}\n{}",
@@ -440,7 +466,7 @@ fn layout(n: usize) -> Result<(TempDir, Vec<NodeProcess>, String)> {
             rpc_addr: SocketAddr::from(([127, 0, 0, 1], pair[1])),
             log_path: data_dir.join("node.log"),
             data_dir,
-            child: None,
+            child: std::sync::Mutex::new(None),
             launches: 0,
         });
     }

@@ -80,15 +80,15 @@ async fn leader_crash(cluster: &mut Cluster) -> Result<()> {
 
     let writer = Writer::start(cluster.api().clone(), survivors, TOPIC, &mut rng);
     let outcome = async {
-        writer.wait_for_acks(40, "acknowledged writes before the crash").await?;
+        writer.wait_for_acks(cluster, 40, "acknowledged writes before the crash").await?;
         cluster.kill(victim)?;
         let acked_at_kill = writer.acks();
         let after = cluster.wait_for_leaders(TOPIC, SETTLE_TIMEOUT).await?;
         eprintln!("leaders after the crash: {:?}", leaders(&after));
-        writer.wait_for_acks(acked_at_kill + 30, "acknowledged writes after the crash").await?;
+        writer.wait_for_acks(cluster, acked_at_kill + 30, "acknowledged writes after the crash").await?;
         cluster.restart(victim).await?;
         let acked_at_restart = writer.acks();
-        writer.wait_for_acks(acked_at_restart + 20, "acknowledged writes after the restart").await
+        writer.wait_for_acks(cluster, acked_at_restart + 20, "acknowledged writes after the restart").await
     }
     .await;
     let history = writer.stop().await?;
@@ -112,7 +112,7 @@ async fn total_crash(cluster: &mut Cluster) -> Result<()> {
     create_topic(cluster, TOPIC).await?;
     let urls: Vec<String> = cluster.node_ids().into_iter().map(|id| cluster.url(id)).collect();
     let writer = Writer::start(cluster.api().clone(), urls, TOPIC, &mut rng);
-    let outcome = writer.wait_for_acks(150, "acknowledged writes before the crash").await;
+    let outcome = writer.wait_for_acks(cluster, 150, "acknowledged writes before the crash").await;
     // Stop asking for new writes, and kill while the last one may be in flight.
     writer.stop.store(true, Ordering::SeqCst);
     let killed = cluster.kill_all();
@@ -173,8 +173,10 @@ impl Writer {
         self.acks.load(Ordering::SeqCst)
     }
 
-    async fn wait_for_acks(&self, target: u64, what: &str) -> Result<()> {
+    /// Waits until `target` writes were acknowledged, failing early if a node died on its own.
+    async fn wait_for_acks(&self, cluster: &Cluster, target: u64, what: &str) -> Result<()> {
         poll_until(&format!("{target} {what}"), PHASE_TIMEOUT, Duration::from_millis(100), || async {
+            cluster.check_all_alive()?;
             let acks = self.acks();
             if self.tasks.iter().all(JoinHandle::is_finished) && acks < target {
                 return Err(Error::Check(format!("the writers ended after {acks} acknowledgements")));
@@ -277,6 +279,7 @@ async fn verify(cluster: &Cluster, topic: &str, history: &History) -> Result<()>
 /// One key: a linearizable read from each node passes the history check and all agree; then a
 /// follower read from each node, once its replica reached that offset, answers the same.
 async fn verify_key(cluster: &Cluster, topic: &str, history: &History, key: &[u8]) -> Result<()> {
+    cluster.check_all_alive()?;
     let api = cluster.api();
     let mut first: Option<(u16, Option<u64>, Vec<u8>)> = None;
     for node in cluster.node_ids() {

@@ -14,7 +14,9 @@
 //! marker stay live; after a crash the half-built generation is dead and the
 //! compaction filter removes it.
 
-use crate::encoding::{DataPrefix, Generation, GroupRecord, encode_applied, encode_offset, encode_u32, group_meta_key};
+use crate::encoding::{
+    DataPrefix, Generation, GroupRecord, NO_GENERATION, encode_applied, encode_offset, encode_u32, group_meta_key,
+};
 use crate::error::{Error, Result, fjall_err};
 use crate::groups::GroupState;
 use crate::index::Shared;
@@ -45,16 +47,17 @@ impl Index {
     ) -> Result<std::result::Result<u64, E>> {
         let shared = self.shared();
         shared.with_group_write(group, |state| {
-            let generation = begin(shared, group, state)?;
-            let built = Builder::new(shared, group, generation).run(records);
-            let switched = match built {
-                Ok(Ok(keys)) => switch(shared, group, state, generation, keys, marker).map(Ok),
-                other => other,
-            };
-            if !matches!(switched, Ok(Ok(_))) {
-                state.building.store(crate::encoding::NO_GENERATION, Ordering::Release);
+            let outcome = begin(shared, group, state).and_then(|generation| {
+                match Builder::new(shared, group, generation).run(records)? {
+                    Ok(keys) => switch(shared, group, state, generation, keys, marker).map(Ok),
+                    Err(error) => Ok(Err(error)),
+                }
+            });
+            if !matches!(outcome, Ok(Ok(_))) {
+                // Abandoned: the half-built generation is dead; the filter removes it.
+                state.building.store(NO_GENERATION, Ordering::Release);
             }
-            switched
+            outcome
         })
     }
 }

@@ -33,11 +33,15 @@ fn main() -> BenchResult {
     bench_append(&append_dir, total_mb)?;
     bench_read_record(&append_dir.join("log"), "64 KiB batches of 1 KiB records")?;
     let small_dir = dir.path().join("small");
-    let small_mb = build_log(&small_dir, 1_000_000, 1, 100)?;
+    let small_mb = build_log(&small_dir, 1_000_000, 1, 100, Compression::None)?;
     println!("built {small_mb:.0} MiB log of 1,000,000 single-record batches (100-byte values)");
     bench_read_record(&small_dir, "single-record batches, 100-byte values")?;
+    let zstd_dir = dir.path().join("zstd");
+    let zstd_mb = build_log(&zstd_dir, 300_000, 10, 100, Compression::Zstd)?;
+    println!("built {zstd_mb:.0} MiB log of 300,000 100-byte records in zstd batches of 10");
+    bench_read_record(&zstd_dir, "zstd batches of 10, 100-byte values")?;
     let scan_dir = dir.path().join("scan");
-    let scan_mb = build_log(&scan_dir, 3_000_000, 100, 100)?;
+    let scan_mb = build_log(&scan_dir, 3_000_000, 100, 100, Compression::None)?;
     println!("built {scan_mb:.0} MiB log of 3,000,000 100-byte records in batches of 100");
     bench_scan(&scan_dir)?;
     Ok(())
@@ -115,12 +119,18 @@ fn log_append(dir: &Path, batch: &[u8], batches: usize) -> Result<Duration, Box<
 }
 
 /// Builds a log of `count` records in batches of `per_batch`; returns its size in MiB.
-fn build_log(dir: &Path, count: u64, per_batch: u64, value_bytes: usize) -> Result<f64, Box<dyn std::error::Error>> {
+fn build_log(
+    dir: &Path,
+    count: u64,
+    per_batch: u64,
+    value_bytes: usize,
+    codec: Compression,
+) -> Result<f64, Box<dyn std::error::Error>> {
     let mut log = Log::open(dir, LogConfig::default())?;
     let mut i = 0;
     while i < count {
         let records: Vec<Record> = (i..(i + per_batch).min(count)).map(|j| record(j, value_bytes)).collect();
-        let mut batch = encode_batch(&records, Compression::None)?;
+        let mut batch = encode_batch(&records, codec)?;
         log.append(&mut batch, 0)?;
         i += per_batch;
     }

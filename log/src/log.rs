@@ -289,7 +289,8 @@ impl Log {
     /// Replaces the segments of `dir` by the segment files of `files_dir`
     /// (as made by [`Log::checkpoint`]): staged in a sibling directory,
     /// fsynced, then swapped in by renames; an interrupted install is
-    /// finished or discarded by the next open. Then opens the log.
+    /// finished or discarded by the next open. Then opens the log. No `Log`
+    /// may be open on `dir` meanwhile (drop it first).
     pub fn install(dir: &Path, files_dir: &Path, config: LogConfig) -> Result<Log> {
         config.validate()?;
         snapshot::install(dir, files_dir)?;

@@ -208,3 +208,23 @@ fn install_interrupted_before_its_marker_keeps_the_old_log() -> TestResult {
     assert!(!staging.exists());
     Ok(())
 }
+
+/// A crash between sealing a segment and creating the next leaves the sealed one last: it becomes active again.
+#[test]
+fn crash_during_roll_reactivates_the_sealed_segment() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut log = Log::open(dir.path(), small_config())?;
+    fill(&mut log, 30, 10)?;
+    log.roll()?;
+    drop(log);
+    let files = segment_files(dir.path())?;
+    assert_eq!(files.len(), 2);
+    std::fs::remove_file(&files[1])?;
+    let mut log = Log::open(dir.path(), small_config())?;
+    assert_eq!(log.next_offset(), 30);
+    assert!(!log.segments()[0].sealed);
+    assert!(!files[0].with_extension("seek").exists());
+    common::append_records(&mut log, 30, 5, Compression::Zstd)?;
+    assert_eq!(log.read_record(34)?, Some((34, record(34))));
+    Ok(())
+}

@@ -47,6 +47,14 @@ pub struct NodeRecord {
 pub struct ReplicaRecord {
     pub node_id: NodeId,
     pub replica_id: ReplicaId,
+    /// Part of the group's first membership: it may initialize the group. A
+    /// replica added by a move never initializes; the leader adds it.
+    #[serde(default = "initial_default")]
+    pub initial: bool,
+}
+
+fn initial_default() -> bool {
+    true
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -55,6 +63,21 @@ pub struct PartitionRecord {
     pub group_id: GroupId,
     /// The first replica is the preferred leader.
     pub replicas: Vec<ReplicaRecord>,
+    /// Set while a move is in progress: the replicas the group moves to.
+    #[serde(default)]
+    pub target: Option<Vec<ReplicaRecord>>,
+    /// Completed moves; only a group never moved may be initialized.
+    #[serde(default)]
+    pub moves: u32,
+}
+
+impl PartitionRecord {
+    /// Every replica that must run: current ones and, during a move, the target's.
+    pub fn all_replicas(&self) -> impl Iterator<Item = &ReplicaRecord> {
+        let extra =
+            self.target.iter().flatten().filter(|t| !self.replicas.iter().any(|r| r.replica_id == t.replica_id));
+        self.replicas.iter().chain(extra)
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -127,6 +150,8 @@ impl ClusterState {
                 None => result("not_found", format!("topic {} does not exist", d.name)),
             },
             Some(Kind::AlterTopicConfig(a)) => self.alter_config(a),
+            Some(Kind::MovePartition(m)) => self.move_partition(m),
+            Some(Kind::CompleteMove(c)) => self.complete_move(c),
             None => result("invalid", "empty controller command"),
         }
     }
@@ -179,11 +204,12 @@ impl ClusterState {
                     .map(|i| ReplicaRecord {
                         node_id: node_ids[(start + i) % node_ids.len()],
                         replica_id: self.allocate_replica(),
+                        initial: true,
                     })
                     .collect();
                 let group_id = self.next_group_id;
                 self.next_group_id += 1;
-                PartitionRecord { partition: p, group_id, replicas }
+                PartitionRecord { partition: p, group_id, replicas, target: None, moves: 0 }
             })
             .collect();
         self.topics_created += 1;
@@ -207,6 +233,77 @@ impl ClusterState {
         }
         topic.config = config;
         result("ok", format!("topic {} altered", a.name))
+    }
+
+    fn move_partition(&mut self, m: &pb::MovePartition) -> pb::ControllerResult {
+        let nodes = &self.nodes;
+        let Some(topic) = self.topics.get(&m.topic) else {
+            return result("not_found", format!("topic {} does not exist", m.topic));
+        };
+        let Some(current) = topic.partitions.get(m.partition as usize) else {
+            return result("invalid", format!("topic {} has no partition {}", m.topic, m.partition));
+        };
+        if m.nodes.is_empty() || m.nodes.len() > REPLICATION_FACTOR_MAX as usize {
+            return result("invalid", format!("a partition needs 1 to {REPLICATION_FACTOR_MAX} replicas"));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for n in &m.nodes {
+            if !nodes.contains_key(n) {
+                return result("invalid", format!("node {n} is not registered"));
+            }
+            if !seen.insert(*n) {
+                return result("invalid", format!("node {n} is listed twice"));
+            }
+        }
+        if let Some(target) = &current.target {
+            let same = target.iter().map(|r| r.node_id).eq(m.nodes.iter().copied());
+            return if same {
+                result("exists", "this move is already in progress")
+            } else {
+                result("conflict", "another move of this partition is in progress")
+            };
+        }
+        if current.replicas.iter().map(|r| r.node_id).eq(m.nodes.iter().copied()) {
+            return result("exists", "the partition already has these replicas");
+        }
+        let existing: Vec<ReplicaRecord> = current.replicas.clone();
+        let mut target = Vec::with_capacity(m.nodes.len());
+        for n in &m.nodes {
+            match existing.iter().find(|r| r.node_id == *n) {
+                Some(r) => target.push(r.clone()),
+                None => {
+                    let replica_id = self.allocate_replica();
+                    target.push(ReplicaRecord { node_id: *n, replica_id, initial: false });
+                }
+            }
+        }
+        if let Some(p) = self.topics.get_mut(&m.topic).and_then(|t| t.partitions.get_mut(m.partition as usize)) {
+            p.target = Some(target);
+        }
+        result("ok", format!("moving {}/{} to nodes {:?}", m.topic, m.partition, m.nodes))
+    }
+
+    fn complete_move(&mut self, c: &pb::CompleteMove) -> pb::ControllerResult {
+        let Some(p) = self.topics.get_mut(&c.topic).and_then(|t| t.partitions.get_mut(c.partition as usize)) else {
+            return result("not_found", format!("topic {} partition {} does not exist", c.topic, c.partition));
+        };
+        if p.group_id != c.group_id {
+            return result("conflict", "stale move completion for another group");
+        }
+        let Some(target) = p.target.take() else {
+            return result("exists", "no move in progress");
+        };
+        let mut committed = c.replica_ids.clone();
+        committed.sort_unstable();
+        let mut wanted: Vec<ReplicaId> = target.iter().map(|r| r.replica_id).collect();
+        wanted.sort_unstable();
+        if committed != wanted {
+            p.target = Some(target);
+            return result("conflict", "the committed membership does not match the move target");
+        }
+        p.replicas = target;
+        p.moves += 1;
+        result("ok", format!("move of {}/{} complete", c.topic, c.partition))
     }
 
     fn allocate_replica(&mut self) -> ReplicaId {
@@ -278,6 +375,61 @@ mod tests {
                 config: Default::default(),
             })),
         })
+    }
+
+    fn register_all(state: &mut ClusterState, ids: std::ops::RangeInclusive<u64>) {
+        for id in ids {
+            register(state, id);
+        }
+    }
+
+    fn move_to(state: &mut ClusterState, nodes: Vec<u64>) -> pb::ControllerResult {
+        state.apply(&pb::ControllerCommand {
+            kind: Some(Kind::MovePartition(pb::MovePartition { topic: "t".into(), partition: 0, nodes })),
+        })
+    }
+
+    /// A move keeps the replica ids of nodes that stay, gives fresh ones to new
+    /// nodes, and becomes current only when the committed membership matches.
+    #[test]
+    fn move_keeps_staying_replicas_and_completes_on_matching_membership() {
+        let mut state = ClusterState::fresh();
+        register_all(&mut state, 1..=4);
+        assert_eq!(create(&mut state, "t", 1, 3).status, "created");
+        let before = state.topics["t"].partitions[0].clone();
+        let staying: Vec<u64> = before.replicas.iter().take(2).map(|r| r.node_id).collect();
+        let nodes = vec![staying[0], staying[1], 4];
+        assert_eq!(move_to(&mut state, nodes.clone()).status, "ok");
+        assert_eq!(move_to(&mut state, nodes.clone()).status, "exists");
+        assert_eq!(move_to(&mut state, vec![1]).status, "conflict");
+        let target = state.topics["t"].partitions[0].target.clone().unwrap_or_default();
+        assert_eq!(target[0].replica_id, before.replicas[0].replica_id);
+        assert!(!target[2].initial);
+        assert!(before.replicas.iter().all(|r| r.replica_id != target[2].replica_id));
+        let complete = |ids: Vec<u64>| pb::ControllerCommand {
+            kind: Some(Kind::CompleteMove(pb::CompleteMove {
+                topic: "t".into(),
+                partition: 0,
+                group_id: before.group_id,
+                replica_ids: ids,
+            })),
+        };
+        assert_eq!(state.apply(&complete(vec![1, 2])).status, "conflict");
+        let ids: Vec<u64> = target.iter().map(|r| r.replica_id).collect();
+        assert_eq!(state.apply(&complete(ids)).status, "ok");
+        let after = &state.topics["t"].partitions[0];
+        assert_eq!(after.replicas, target);
+        assert!(after.target.is_none());
+    }
+
+    #[test]
+    fn move_to_unregistered_or_repeated_node_is_invalid() {
+        let mut state = ClusterState::fresh();
+        register_all(&mut state, 1..=3);
+        create(&mut state, "t", 1, 3);
+        assert_eq!(move_to(&mut state, vec![1, 2, 9]).status, "invalid");
+        assert_eq!(move_to(&mut state, vec![1, 1]).status, "invalid");
+        assert!(state.topics["t"].partitions[0].target.is_none());
     }
 
     /// Six partitions at replication factor 3 over three nodes: every node is

@@ -18,6 +18,7 @@ use openraft::errors::RaftError as OrRaftError;
 
 use crate::controller::ClusterState;
 use crate::controller::PartitionRecord;
+use crate::controller::ReplicaRecord;
 use crate::error::Error;
 use crate::error::Result;
 use crate::log_store::RaftLogDb;
@@ -43,6 +44,8 @@ pub const CONTROLLER_VOTERS_MAX: usize = 3;
 /// Default: a group snapshots after this many applied entries; its Raft log is
 /// then purged up to the snapshot, keeping a fifth of that behind it.
 pub const SNAPSHOT_EVERY_ENTRIES: u64 = 5000;
+/// Bound on one step of a partition move (a learner catching up, a membership change).
+pub const MOVE_STEP_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a write or a read waits for its group before answering unavailable.
 pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -125,6 +128,8 @@ struct NodeInner {
     controller: Arc<Controller>,
     controller_raft: Raft,
     groups: RwLock<HashMap<GroupId, Arc<HostedGroup>>>,
+    /// Groups whose move this node is driving now.
+    moving: std::sync::Mutex<std::collections::HashSet<GroupId>>,
     stop: tokio::sync::watch::Sender<bool>,
 }
 
@@ -172,6 +177,7 @@ impl Node {
                 controller,
                 controller_raft,
                 groups: RwLock::new(HashMap::new()),
+                moving: Default::default(),
                 stop,
             }),
         })
@@ -385,7 +391,7 @@ impl Node {
         let mut desired: HashMap<GroupId, (String, &PartitionRecord, ReplicaId)> = HashMap::new();
         for topic in state.topics.values() {
             for p in &topic.partitions {
-                if let Some(r) = p.replicas.iter().find(|r| r.node_id == me) {
+                if let Some(r) = p.all_replicas().find(|r| r.node_id == me) {
                     desired.insert(p.group_id, (topic.name.clone(), p, r.replica_id));
                 }
             }
@@ -402,7 +408,82 @@ impl Node {
                 self.start_group(&state, &topic, record, replica).await?;
             }
         }
+        self.drive_moves(&state);
         self.sweep_orphans()
+    }
+
+    /// Starts a move driver for every moving partition this node leads.
+    fn drive_moves(&self, state: &ClusterState) {
+        for topic in state.topics.values() {
+            for p in &topic.partitions {
+                let Some(target) = p.target.clone() else { continue };
+                let Some(hosted) = self.group(p.group_id) else { continue };
+                if !hosted.raft.is_leader() {
+                    continue;
+                }
+                let mut moving = self.inner.moving.lock().unwrap_or_else(|e| e.into_inner());
+                if !moving.insert(p.group_id) {
+                    continue;
+                }
+                let node = self.clone();
+                let (topic, partition) = (topic.name.clone(), p.partition);
+                tokio::spawn(async move {
+                    let group = hosted.group_id;
+                    if let Err(e) = node.drive_move(&hosted, &topic, partition, &target).await {
+                        tracing::warn!(group, error = %e, "partition move step failed; retrying");
+                    }
+                    node.inner.moving.lock().unwrap_or_else(|e| e.into_inner()).remove(&group);
+                });
+            }
+        }
+    }
+
+    /// One pass of a move, idempotent: add missing target replicas as learners
+    /// (waiting for them to catch up), make the target the voter set, then
+    /// tell the controller the move is complete.
+    async fn drive_move(
+        &self,
+        hosted: &HostedGroup,
+        topic: &str,
+        partition: u32,
+        target: &[ReplicaRecord],
+    ) -> Result<()> {
+        let state = self.cluster();
+        let membership = crate::types::metrics_of(&hosted.raft).membership_config.membership().clone();
+        for r in target {
+            if membership.get_node(&r.replica_id).is_some() {
+                continue;
+            }
+            let rpc_addr = state.nodes.get(&r.node_id).map(|n| n.rpc_addr.clone()).unwrap_or_default();
+            tracing::info!(group = hosted.group_id, replica = r.replica_id, node = r.node_id, "move: adding learner");
+            let node = pb::Node { node_id: r.node_id, rpc_addr };
+            tokio::time::timeout(MOVE_STEP_TIMEOUT, hosted.raft.add_learner(r.replica_id, node, true))
+                .await
+                .map_err(|_| Error::Timeout("adding a learner".into()))?
+                .map_err(Error::unavailable)?;
+        }
+        let wanted: std::collections::BTreeSet<u64> = target.iter().map(|r| r.replica_id).collect();
+        let membership = crate::types::metrics_of(&hosted.raft).membership_config.membership().clone();
+        let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
+        let learners_extra = membership.learner_ids().any(|l| !wanted.contains(&l));
+        if voters != wanted || learners_extra || membership.get_joint_config().len() > 1 {
+            tracing::info!(group = hosted.group_id, voters = ?wanted, "move: changing membership");
+            tokio::time::timeout(MOVE_STEP_TIMEOUT, hosted.raft.change_membership(wanted.clone(), false))
+                .await
+                .map_err(|_| Error::Timeout("changing membership".into()))?
+                .map_err(Error::unavailable)?;
+        }
+        let cmd = pb::ControllerCommand {
+            kind: Some(pb::controller_command::Kind::CompleteMove(pb::CompleteMove {
+                topic: topic.to_string(),
+                partition,
+                group_id: hosted.group_id,
+                replica_ids: wanted.into_iter().collect(),
+            })),
+        };
+        let result = self.controller_write(cmd, false).await?;
+        tracing::info!(group = hosted.group_id, status = %result.status, message = %result.message, "move: completion recorded");
+        Ok(())
     }
 
     /// Removes replica directories this node no longer hosts (a removal that
@@ -460,9 +541,11 @@ impl Node {
         )
         .await
         .map_err(Error::unavailable)?;
+        let initializes = record.moves == 0 && record.target.is_none();
         let members: BTreeMap<u64, pb::Node> = record
             .replicas
             .iter()
+            .filter(|r| r.initial)
             .map(|r| {
                 let rpc_addr = state.nodes.get(&r.node_id).map(|n| n.rpc_addr.clone()).unwrap_or_default();
                 (r.replica_id, pb::Node { node_id: r.node_id, rpc_addr })
@@ -479,7 +562,9 @@ impl Node {
         });
         self.inner.groups.write().unwrap_or_else(|p| p.into_inner()).insert(group, hosted);
         tracing::info!(group, replica, topic, partition = record.partition, "partition replica started");
-        tokio::spawn(initialize_group(raft, members, preferred));
+        if initializes {
+            tokio::spawn(initialize_group(raft, members, preferred));
+        }
         Ok(())
     }
 
