@@ -65,6 +65,9 @@ impl Default for Limits {
     }
 }
 
+/// Body of `GET /bench/noop`: the benchmark's floor, a round trip with no work.
+const NOOP_BODY: &[u8; 100] = &[b'x'; 100];
+
 #[derive(Clone)]
 pub struct AppState {
     pub router: Router,
@@ -91,6 +94,7 @@ pub fn app(state: AppState) -> AxumRouter {
         .route("/kv/{topic}/{*key}", get(get_key).put(put_key).delete(delete_key))
         .route("/cluster", get(cluster))
         .route("/healthz", get(|| async { "ok" }))
+        .route("/bench/noop", get(|| async { NOOP_BODY }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(body_limit))
