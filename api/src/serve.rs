@@ -75,9 +75,10 @@ fn parse_peers(spec: &str) -> Result<Vec<(u64, String)>, String> {
 }
 
 impl ServeArgs {
-    fn node_config(&self) -> Result<NodeConfig, String> {
-        let rpc_addr = self.advertise_rpc_addr.clone().unwrap_or_else(|| self.rpc_addr.to_string());
-        let http_addr = self.advertise_http_addr.clone().unwrap_or_else(|| self.http_addr.to_string());
+    /// The node configuration, given the addresses the listeners actually bound.
+    fn node_config(&self, http_bound: SocketAddr, rpc_bound: SocketAddr) -> Result<NodeConfig, String> {
+        let rpc_addr = self.advertise_rpc_addr.clone().unwrap_or_else(|| rpc_bound.to_string());
+        let http_addr = self.advertise_http_addr.clone().unwrap_or_else(|| http_bound.to_string());
         let peers = match &self.peers {
             Some(spec) => parse_peers(spec)?,
             None if self.join.is_none() => vec![(self.node_id, rpc_addr.clone())],
@@ -103,9 +104,9 @@ impl ServeArgs {
 }
 
 pub fn init_tracing(filter: &str) {
+    use std::io::IsTerminal;
     let filter =
         tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
@@ -113,24 +114,52 @@ pub fn init_tracing(filter: &str) {
         .try_init();
 }
 
-pub async fn serve(args: ServeArgs) -> Result<(), String> {
-    init_tracing(&args.log);
-    let config = args.node_config()?;
+/// A node serving HTTP and RPC until [`RunningNode::shutdown`].
+pub struct RunningNode {
+    pub node: Node,
+    /// The HTTP address the node listens on.
+    pub http_addr: SocketAddr,
+    /// The RPC address the node listens on (node-to-node and client gRPC).
+    pub rpc_addr: SocketAddr,
+    stop: tokio::sync::watch::Sender<bool>,
+    http_task: tokio::task::JoinHandle<std::io::Result<()>>,
+    rpc_task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl RunningNode {
+    /// Stops serving, shuts every group down and makes applied state durable.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.http_task).await;
+        self.node.shutdown().await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.rpc_task).await;
+    }
+}
+
+/// Binds the listeners, opens the node and starts serving.
+pub async fn start(args: ServeArgs) -> Result<RunningNode, String> {
     let rpc_listener = tokio::net::TcpListener::bind(args.rpc_addr)
         .await
         .map_err(|e| format!("cannot listen on rpc address {}: {e}", args.rpc_addr))?;
     let http_listener = tokio::net::TcpListener::bind(args.http_addr)
         .await
         .map_err(|e| format!("cannot listen on http address {}: {e}", args.http_addr))?;
+    let rpc_addr = rpc_listener.local_addr().map_err(|e| e.to_string())?;
+    let http_addr = http_listener.local_addr().map_err(|e| e.to_string())?;
+    let config = args.node_config(http_addr, rpc_addr)?;
     let node = Node::open(config).await.map_err(|e| format!("cannot open node: {e}"))?;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
 
+    let state = AppState::new(Router::new(node.clone()), args.forward, Limits::default());
+    let app = crate::http::app(state);
     let rpc = logdex_raft::service::server(node.clone());
+    let client_api = crate::grpc::server(app.clone());
     let mut rpc_stop = stop_rx.clone();
     let rpc_task = tokio::spawn(async move {
         tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .add_service(rpc)
+            .add_service(client_api)
             .serve_with_incoming_shutdown(tokio_stream_incoming(rpc_listener), async move {
                 let _ = rpc_stop.changed().await;
             })
@@ -138,8 +167,6 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     });
     node.run().await.map_err(|e| format!("cannot start node: {e}"))?;
 
-    let state = AppState::new(Router::new(node.clone()), args.forward, Limits::default());
-    let app = crate::http::app(state);
     let mut http_stop = stop_rx.clone();
     let http_task = tokio::spawn(async move {
         axum::serve(http_listener, app)
@@ -148,14 +175,17 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             })
             .await
     });
-    tracing::info!(node_id = args.node_id, http = %args.http_addr, rpc = %args.rpc_addr, "logdex node serving");
+    tracing::info!(node_id = args.node_id, http = %http_addr, rpc = %rpc_addr, "logdex node serving");
+    Ok(RunningNode { node, http_addr, rpc_addr, stop, http_task, rpc_task })
+}
 
+/// `logdex serve`: runs until Ctrl-C or SIGTERM, then shuts down cleanly.
+pub async fn serve(args: ServeArgs) -> Result<(), String> {
+    init_tracing(&args.log);
+    let running = start(args).await?;
     shutdown_signal().await;
     tracing::info!("shutting down");
-    let _ = stop_tx.send(true);
-    let _ = tokio::time::timeout(Duration::from_secs(5), http_task).await;
-    node.shutdown().await;
-    let _ = tokio::time::timeout(Duration::from_secs(2), rpc_task).await;
+    running.shutdown().await;
     Ok(())
 }
 

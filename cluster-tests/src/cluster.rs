@@ -253,7 +253,7 @@ impl Cluster {
             Ok(bytes) => {
                 let text = String::from_utf8_lossy(&bytes);
                 let all: Vec<&str> = text.lines().collect();
-                all[all.len().saturating_sub(lines)..].iter().map(|line| shorten(line)).collect::<Vec<_>>().join("\n")
+                all[all.len().saturating_sub(lines)..].iter().copied().map(shorten).collect::<Vec<_>>().join("\n")
             }
             Err(e) => format!("<cannot read {}: {e}>", path.display()),
         }

@@ -1,0 +1,264 @@
+//! The client gRPC API (`api/proto/logdex.proto`).
+//!
+//! Each call is translated into the equivalent HTTP request and served by the
+//! same in-process router, so routing, forwarding, limits and error codes are
+//! one implementation for both protocols.
+
+use axum::body::Body;
+use axum::http::Request as HttpRequest;
+use axum::http::StatusCode;
+use base64::Engine;
+use serde_json::Value;
+use serde_json::json;
+use tonic::Request;
+use tonic::Response;
+use tonic::Status;
+use tower::ServiceExt;
+
+pub mod pb {
+    //! Generated from `api/proto/logdex.proto`.
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("logdex.api.v1");
+}
+
+use pb::logdex_server::Logdex;
+use pb::logdex_server::LogdexServer;
+
+/// Largest body of an answer the gRPC layer reads back from the router.
+const ANSWER_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+pub struct Service {
+    app: axum::Router,
+}
+
+pub fn server(app: axum::Router) -> LogdexServer<Service> {
+    LogdexServer::new(Service { app })
+}
+
+fn b64url(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn unb64(text: &str) -> Result<Vec<u8>, Status> {
+    base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .map_err(|e| Status::internal(format!("undecodable answer: {e}")))
+}
+
+fn read_mode(mode: i32) -> &'static str {
+    match pb::ReadMode::try_from(mode) {
+        Ok(pb::ReadMode::Strict) => "strict",
+        Ok(pb::ReadMode::Follower) => "follower",
+        _ => "linearizable",
+    }
+}
+
+/// Maps an HTTP error answer to a gRPC status with the stable error code in the message.
+fn status_of(code: StatusCode, body: &[u8], headers: &axum::http::HeaderMap) -> Status {
+    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let error_code = v["error"]["code"].as_str().unwrap_or("error");
+    let message = format!("{error_code}: {}", v["error"]["message"].as_str().unwrap_or(""));
+    let mut status = match code {
+        StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => Status::invalid_argument(message),
+        StatusCode::NOT_FOUND => Status::not_found(message),
+        StatusCode::CONFLICT => Status::already_exists(message),
+        StatusCode::GONE => Status::out_of_range(message),
+        StatusCode::MISDIRECTED_REQUEST => Status::failed_precondition(message),
+        StatusCode::TOO_MANY_REQUESTS => Status::resource_exhausted(message),
+        StatusCode::SERVICE_UNAVAILABLE => Status::unavailable(message),
+        StatusCode::GATEWAY_TIMEOUT => Status::deadline_exceeded(message),
+        StatusCode::UNAUTHORIZED => Status::unauthenticated(message),
+        _ => Status::internal(message),
+    };
+    if let Some(redirect) = headers.get("x-kv-redirect").and_then(|v| v.to_str().ok()) {
+        if let Ok(v) = redirect.parse() {
+            status.metadata_mut().insert("x-kv-redirect", v);
+        }
+    }
+    status
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    body: bytes::Bytes,
+}
+
+impl Service {
+    async fn call(&self, method: &str, uri: String, body: Vec<u8>, auth: Option<String>) -> Result<Answer, Status> {
+        let mut builder = HttpRequest::builder().method(method).uri(uri).header("content-type", "application/json");
+        if let Some(a) = auth {
+            builder = builder.header("authorization", a);
+        }
+        let request = builder.body(Body::from(body)).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let response = self.app.clone().oneshot(request).await.map_err(|e| Status::internal(e.to_string()))?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = axum::body::to_bytes(response.into_body(), ANSWER_BYTES_MAX)
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Answer { status, headers, body })
+    }
+
+    async fn write(
+        &self,
+        method: &str,
+        topic: &str,
+        key: &[u8],
+        partition: Option<u32>,
+        value: Vec<u8>,
+        auth: Option<String>,
+    ) -> Result<Response<pb::WriteResponse>, Status> {
+        let mut uri = format!("/kv/{topic}/{}?key_encoding=base64url", b64url(key));
+        if let Some(p) = partition {
+            uri.push_str(&format!("&partition={p}"));
+        }
+        let a = self.call(method, uri, value, auth).await?;
+        if !a.status.is_success() {
+            return Err(status_of(a.status, &a.body, &a.headers));
+        }
+        let v: Value = serde_json::from_slice(&a.body).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(pb::WriteResponse {
+            partition: v["partition"].as_u64().unwrap_or(0) as u32,
+            offset: v["offset"].as_u64().unwrap_or(0),
+        }))
+    }
+}
+
+fn authorization<T>(request: &Request<T>) -> Option<String> {
+    request.metadata().get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string)
+}
+
+fn header_u64(headers: &axum::http::HeaderMap, name: &str) -> u64 {
+    headers.get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+#[tonic::async_trait]
+impl Logdex for Service {
+    async fn put(&self, request: Request<pb::PutRequest>) -> Result<Response<pb::WriteResponse>, Status> {
+        let auth = authorization(&request);
+        let r = request.into_inner();
+        self.write("PUT", &r.topic, &r.key, r.partition, r.value, auth).await
+    }
+
+    async fn delete(&self, request: Request<pb::DeleteRequest>) -> Result<Response<pb::WriteResponse>, Status> {
+        let auth = authorization(&request);
+        let r = request.into_inner();
+        self.write("DELETE", &r.topic, &r.key, r.partition, Vec::new(), auth).await
+    }
+
+    async fn get(&self, request: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {
+        let auth = authorization(&request);
+        let r = request.into_inner();
+        let mut uri = format!("/kv/{}/{}?key_encoding=base64url&read={}", r.topic, b64url(&r.key), read_mode(r.read));
+        if let Some(p) = r.partition {
+            uri.push_str(&format!("&partition={p}"));
+        }
+        if let Some(m) = r.min_offset {
+            uri.push_str(&format!("&min_offset={m}"));
+        }
+        let a = self.call("GET", uri, Vec::new(), auth).await?;
+        let found = a.status == StatusCode::OK;
+        let key_not_found = a.status == StatusCode::NOT_FOUND && a.headers.contains_key("x-kv-partition");
+        if !found && !key_not_found {
+            return Err(status_of(a.status, &a.body, &a.headers));
+        }
+        Ok(Response::new(pb::GetResponse {
+            found,
+            value: if found { a.body.to_vec() } else { Vec::new() },
+            partition: header_u64(&a.headers, "x-kv-partition") as u32,
+            offset: header_u64(&a.headers, "x-kv-offset"),
+            high_watermark: header_u64(&a.headers, "x-kv-high-watermark"),
+            node: header_u64(&a.headers, "x-kv-node"),
+            timestamp_ms: header_u64(&a.headers, "x-kv-timestamp") as i64,
+        }))
+    }
+
+    async fn produce(&self, request: Request<pb::ProduceRequest>) -> Result<Response<pb::ProduceResponse>, Status> {
+        let auth = authorization(&request);
+        let r = request.into_inner();
+        let records: Vec<Value> = r
+            .records
+            .iter()
+            .map(|rec| {
+                let headers: serde_json::Map<String, Value> =
+                    rec.headers.iter().map(|(k, v)| (k.clone(), Value::String(b64(v)))).collect();
+                json!({
+                    "key": rec.key.as_deref().map(b64),
+                    "value": rec.value.as_deref().map(b64),
+                    "headers": headers,
+                    "partition": rec.partition,
+                })
+            })
+            .collect();
+        let body = serde_json::to_vec(&json!({ "records": records, "encoding": "base64" }))
+            .map_err(|e| Status::internal(e.to_string()))?;
+        let a = self.call("POST", format!("/topics/{}/records", r.topic), body, auth).await?;
+        if !a.status.is_success() {
+            return Err(status_of(a.status, &a.body, &a.headers));
+        }
+        let v: Value = serde_json::from_slice(&a.body).map_err(|e| Status::internal(e.to_string()))?;
+        let offsets = v["offsets"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|o| pb::WriteResponse {
+                        partition: o["partition"].as_u64().unwrap_or(0) as u32,
+                        offset: o["offset"].as_u64().unwrap_or(0),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Response::new(pb::ProduceResponse { offsets }))
+    }
+
+    async fn fetch(&self, request: Request<pb::FetchRequest>) -> Result<Response<pb::FetchResponse>, Status> {
+        let auth = authorization(&request);
+        let r = request.into_inner();
+        let max_records = if r.max_records == 0 { 500 } else { r.max_records };
+        let max_bytes = if r.max_bytes == 0 { 1024 * 1024 } else { r.max_bytes };
+        let uri = format!(
+            "/topics/{}/partitions/{}/records?offset={}&max_records={max_records}&max_bytes={max_bytes}&read={}",
+            r.topic,
+            r.partition,
+            r.offset,
+            read_mode(r.read)
+        );
+        let a = self.call("GET", uri, Vec::new(), auth).await?;
+        if !a.status.is_success() {
+            return Err(status_of(a.status, &a.body, &a.headers));
+        }
+        let v: Value = serde_json::from_slice(&a.body).map_err(|e| Status::internal(e.to_string()))?;
+        let base64 = v["encoding"].as_str() == Some("base64");
+        let bytes_of = |field: &Value| -> Result<Option<Vec<u8>>, Status> {
+            match field.as_str() {
+                None => Ok(None),
+                Some(s) if base64 => unb64(s).map(Some),
+                Some(s) => Ok(Some(s.as_bytes().to_vec())),
+            }
+        };
+        let mut records = Vec::new();
+        for rec in v["records"].as_array().into_iter().flatten() {
+            let mut headers = std::collections::HashMap::new();
+            for (k, hv) in rec["headers"].as_object().into_iter().flatten() {
+                headers.insert(k.clone(), bytes_of(hv)?.unwrap_or_default());
+            }
+            records.push(pb::FetchedRecord {
+                offset: rec["offset"].as_u64().unwrap_or(0),
+                timestamp_ms: rec["timestamp"].as_i64().unwrap_or(0),
+                key: bytes_of(&rec["key"])?,
+                value: bytes_of(&rec["value"])?,
+                headers,
+            });
+        }
+        Ok(Response::new(pb::FetchResponse {
+            records,
+            next_offset: v["next_offset"].as_u64().unwrap_or(0),
+            high_watermark: v["high_watermark"].as_u64().unwrap_or(0),
+        }))
+    }
+}

@@ -1,0 +1,13 @@
+//! logdex's edge: the HTTP and gRPC APIs, routing (serve here, forward once,
+//! or 421), Kafka's partitioner, and the `logdex` command line.
+//!
+//! Only this crate maps errors to HTTP and gRPC status codes.
+
+pub mod cli;
+pub mod dev;
+pub mod error;
+pub mod grpc;
+pub mod http;
+pub mod murmur2;
+pub mod routing;
+pub mod serve;
