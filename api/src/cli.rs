@@ -19,6 +19,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Start a local cluster of N nodes on loopback and print each node's HTTP URL; Ctrl-C stops it.
     Dev(DevArgs),
+    /// Benchmark a running cluster: load, get1, getc, noop (the no-work floor), or report (the table).
+    Bench(crate::bench::BenchArgs),
     /// Topic administration.
     Topic {
         #[command(subcommand)]
@@ -106,6 +108,7 @@ pub fn run(cli: Cli) -> Result<(), String> {
         match command {
             Command::Serve(args) => crate::serve::serve(args).await,
             Command::Dev(args) => crate::dev::dev(args).await,
+            Command::Bench(args) => crate::bench::run(args).await,
             other => client(other).await,
         }
     })
@@ -169,7 +172,7 @@ async fn client(command: Command) -> Result<(), String> {
             let (s, h, b) = send(http.get(format!("{}/cluster", target.url.trim_end_matches('/')))).await?;
             (s, h, b, false)
         }
-        Command::Serve(_) | Command::Dev(_) => return Err("not a client command".into()),
+        Command::Serve(_) | Command::Dev(_) | Command::Bench(_) => return Err("not a client command".into()),
     };
     if verbose {
         for name in ["x-kv-partition", "x-kv-offset", "x-kv-high-watermark", "x-kv-node", "x-kv-timestamp"] {

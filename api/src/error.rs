@@ -35,6 +35,12 @@ pub enum ApiError {
     Timeout(String),
     #[error("{0}")]
     Internal(String),
+    #[error("missing or wrong bearer token")]
+    Unauthorized,
+    #[error("no such route")]
+    RouteNotFound,
+    #[error("{0}")]
+    RateLimited(String),
     #[error("{0}")]
     NotFound(String),
 }
@@ -58,6 +64,9 @@ impl ApiError {
             ApiError::Unavailable(_) | ApiError::NodeUnreachable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::RouteNotFound => StatusCode::NOT_FOUND,
+            ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -75,6 +84,9 @@ impl ApiError {
             ApiError::Unavailable(_) | ApiError::NodeUnreachable(_) => "unavailable",
             ApiError::Timeout(_) => "timeout",
             ApiError::Internal(_) => "internal",
+            ApiError::Unauthorized => "unauthorized",
+            ApiError::RouteNotFound => "route_not_found",
+            ApiError::RateLimited(_) => "rate_limited",
         }
     }
 }

@@ -73,12 +73,19 @@ pub struct AppState {
     pub router: Router,
     pub forward_default: bool,
     pub limits: Arc<Limits>,
+    pub guard: Arc<crate::middleware::Guard>,
     round_robin: Arc<AtomicU32>,
 }
 
 impl AppState {
-    pub fn new(router: Router, forward_default: bool, limits: Limits) -> AppState {
-        AppState { router, forward_default, limits: Arc::new(limits), round_robin: Arc::new(AtomicU32::new(0)) }
+    pub fn new(router: Router, forward_default: bool, limits: Limits, guard: crate::middleware::Guard) -> AppState {
+        AppState {
+            router,
+            forward_default,
+            limits: Arc::new(limits),
+            guard: Arc::new(guard),
+            round_robin: Arc::new(AtomicU32::new(0)),
+        }
     }
 }
 
@@ -97,6 +104,8 @@ pub fn app(state: AppState) -> AxumRouter {
         .route("/bench/noop", get(|| async { NOOP_BODY }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route_layer(axum::middleware::from_fn_with_state(state.guard.clone(), crate::middleware::guard))
+        .fallback(|| async { ApiError::RouteNotFound })
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
 }
@@ -877,5 +886,6 @@ async fn metrics(State(s): State<AppState>) -> Response {
             g.partition.size_bytes()
         );
     }
+    s.guard.metrics.render(&mut out);
     ([("content-type", "text/plain; version=0.0.4")], out).into_response()
 }

@@ -3,11 +3,13 @@
 //!
 //! Only this crate maps errors to HTTP and gRPC status codes.
 
+pub mod bench;
 pub mod cli;
 pub mod dev;
 pub mod error;
 pub mod grpc;
 pub mod http;
+pub mod middleware;
 pub mod murmur2;
 pub mod routing;
 pub mod serve;

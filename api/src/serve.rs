@@ -51,6 +51,16 @@ pub struct ServeArgs {
     /// Minimum Raft election timeout, in milliseconds (the maximum is twice this).
     #[arg(long, env = "LOGDEX_ELECTION_TIMEOUT_MS", default_value_t = 1500)]
     pub election_timeout_ms: u64,
+    /// File holding a bearer token required on every HTTP and client gRPC request
+    /// (except /healthz, /readyz and /metrics). Forwarded requests carry it on.
+    #[arg(long, env = "LOGDEX_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
+    /// Upper bound on HTTP requests being served at once; more answer 503.
+    #[arg(long, env = "LOGDEX_REQUESTS_IN_FLIGHT_MAX", default_value_t = 4096)]
+    pub requests_in_flight_max: usize,
+    /// Key lookups allowed per second from one client address (429 beyond). Default: unlimited.
+    #[arg(long, env = "LOGDEX_LOOKUP_RATE_LIMIT")]
+    pub lookup_rate_limit: Option<u32>,
     /// Snapshot a group after this many applied entries; its Raft log is purged behind the snapshot.
     #[arg(long, env = "LOGDEX_SNAPSHOT_EVERY", default_value_t = logdex_raft::node::SNAPSHOT_EVERY_ENTRIES)]
     pub snapshot_every: u64,
@@ -150,7 +160,19 @@ pub async fn start(args: ServeArgs) -> Result<RunningNode, String> {
     let node = Node::open(config).await.map_err(|e| format!("cannot open node: {e}"))?;
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
 
-    let state = AppState::new(Router::new(node.clone()), args.forward, Limits::default());
+    let token = match &args.auth_token_file {
+        Some(path) => {
+            let t = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let t = t.trim().to_string();
+            if t.is_empty() {
+                return Err(format!("{} holds no token", path.display()));
+            }
+            Some(t)
+        }
+        None => None,
+    };
+    let guard = crate::middleware::Guard::new(token, args.requests_in_flight_max.max(1), args.lookup_rate_limit);
+    let state = AppState::new(Router::new(node.clone()), args.forward, Limits::default(), guard);
     let app = crate::http::app(state);
     let rpc = logdex_raft::service::server(node.clone());
     let client_api = crate::grpc::server(app.clone());
@@ -169,7 +191,7 @@ pub async fn start(args: ServeArgs) -> Result<RunningNode, String> {
 
     let mut http_stop = stop_rx.clone();
     let http_task = tokio::spawn(async move {
-        axum::serve(http_listener, app)
+        axum::serve(http_listener, app.into_make_service_with_connect_info::<SocketAddr>())
             .with_graceful_shutdown(async move {
                 let _ = http_stop.changed().await;
             })

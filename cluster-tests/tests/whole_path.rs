@@ -185,6 +185,7 @@ async fn read_all_from_every_node(cluster: &Cluster, entries: &[(Vec<u8>, Vec<u8
         let joined = joined.map_err(|e| logdex_cluster_tests::Error::Check(format!("read task panicked: {e}")))?;
         failures.record(joined);
     }
+    eprintln!("read {checked} (node, key) pairs, linearizable and follower");
     failures.into_result(checked, "(node, key) reads")
 }
 

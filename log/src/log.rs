@@ -341,11 +341,12 @@ impl Log {
             return Err(Error::Poisoned);
         }
         let interval = self.config.seek_interval_bytes;
-        self.guarded(|log| {
-            let stats = compact::compact_sealed(&log.dir, &mut log.segments, interval, live, tombstone_horizon_ms)?;
-            log.dir_dirty |= stats.segments_rewritten > 0;
-            Ok(stats)
-        })
+        // Every segment swap completes before the next one starts, so only
+        // a failed write (not a damaged batch found while reading) poisons.
+        match compact::compact_sealed(&self.dir, &mut self.segments, interval, live, tombstone_horizon_ms) {
+            Err(error @ Error::Io { .. }) => Err(self.poison(error)),
+            result => result,
+        }
     }
 
     /// The segments, oldest first.

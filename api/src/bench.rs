@@ -1,0 +1,682 @@
+//! `logdex bench`: load, lookup and floor workloads against a running cluster,
+//! over HTTP keep-alive connections (one pooled `reqwest` client, the way a
+//! real client calls it), with latency percentiles from a log-linear
+//! (HDR-style) histogram. `logdex bench report` turns the JSON lines of one
+//! run (logdex, the no-work floor and the NATS peer of `bench-peer/`) into the
+//! comparison table that `scripts/bench.sh` prints.
+//!
+//! Every run is bounded by a request count and by a duration, whichever comes
+//! first. Timestamps come from `std::time::Instant`.
+
+use std::io::IsTerminal;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use std::time::Instant;
+
+use clap::Args;
+use clap::ValueEnum;
+use rand::Rng;
+use serde::Deserialize;
+use serde::Serialize;
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// What to run: load (write --keys keys), get1 (one client, closed loop, per read mode), getc
+    /// (--concurrency clients for --duration-secs), noop (the floor: GET /bench/noop, a fixed
+    /// 100-byte body), or report (the comparison table from JSON-lines files given with --input).
+    #[arg(value_enum)]
+    pub workload: Workload,
+    /// A node's HTTP URL; repeat for several (requests rotate over them).
+    #[arg(long = "url", default_value = "http://127.0.0.1:8081")]
+    pub urls: Vec<String>,
+    /// Topic to write and read (load creates it).
+    #[arg(long, default_value = "bench")]
+    pub topic: String,
+    /// Partitions of the topic load creates.
+    #[arg(long, default_value_t = 6)]
+    pub partitions: u32,
+    /// Replication factor of the topic load creates.
+    #[arg(long, default_value_t = 3)]
+    pub replication_factor: u32,
+    /// Number of keys (`key-%08d`): load writes them, get1 and getc read them uniformly at random.
+    #[arg(long, default_value_t = 100_000)]
+    pub keys: u64,
+    /// Value size of load, in bytes of random data; get1 and getc check that every value read has it.
+    #[arg(long, default_value_t = 100)]
+    pub value_bytes: usize,
+    /// Concurrent clients, each with one request in flight [default: 32 for load and getc, 1 for get1 and noop].
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Time bound of each run in seconds [default: 10 for getc and a concurrent noop, 120 for get1 and a
+    /// single-client noop, 300 for load].
+    #[arg(long)]
+    pub duration_secs: Option<u64>,
+    /// Request-count bound of each run [default: --keys for load, 20000 for get1 and a single-client noop,
+    /// none for getc and a concurrent noop].
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Read modes, comma-separated (linearizable, strict, follower); one run per mode
+    /// [default: linearizable,follower for get1, linearizable for getc].
+    #[arg(long, value_delimiter = ',')]
+    pub read: Vec<String>,
+    /// Requests per client before measuring (not counted): opens the connections and warms the caches.
+    #[arg(long, default_value_t = 200)]
+    pub warmup_requests: u64,
+    /// Per-request timeout in milliseconds (a timed-out request counts as an error).
+    #[arg(long, default_value_t = 10_000)]
+    pub request_timeout_ms: u64,
+    /// Print one JSON object per run on stdout instead of a text line.
+    #[arg(long)]
+    pub json: bool,
+    /// Name of the measured system in the output [default: logdex, or floor for noop].
+    #[arg(long)]
+    pub label: Option<String>,
+    /// report: JSON-lines files written with --json (logdex, floor and peer lines); repeatable.
+    #[arg(long = "input")]
+    pub inputs: Vec<PathBuf>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    Load,
+    Get1,
+    Getc,
+    Noop,
+    Report,
+}
+
+/// One run's result: one JSON line with `--json`. `bench-peer/` prints the same fields.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct RunReport {
+    pub system: String,
+    pub workload: String,
+    pub read: Option<String>,
+    pub concurrency: usize,
+    pub ok: u64,
+    pub not_found: u64,
+    pub errors: u64,
+    pub elapsed_s: f64,
+    pub rate_per_s: f64,
+    pub p50_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
+    pub first_error: Option<String>,
+}
+
+pub async fn run(args: BenchArgs) -> Result<(), String> {
+    if args.workload == Workload::Report {
+        return report(&args.inputs);
+    }
+    if args.urls.is_empty() {
+        return Err("give at least one --url".into());
+    }
+    let concurrency = args.concurrency.unwrap_or(match args.workload {
+        Workload::Load | Workload::Getc => 32,
+        _ => 1,
+    });
+    if concurrency == 0 || concurrency > 4096 {
+        return Err("--concurrency must be 1 to 4096".into());
+    }
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(concurrency)
+        .pool_idle_timeout(Duration::from_secs(90))
+        .tcp_nodelay(true)
+        .timeout(Duration::from_millis(args.request_timeout_ms))
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+    let urls: Vec<String> = args.urls.iter().map(|u| u.trim_end_matches('/').to_string()).collect();
+    let bounded = |concurrency: usize, single_requests: Option<u64>, single_secs: u64, many_secs: u64| {
+        let (requests, secs) = if concurrency == 1 { (single_requests, single_secs) } else { (None, many_secs) };
+        Plan {
+            concurrency,
+            requests: args.requests.or(requests),
+            duration: Duration::from_secs(args.duration_secs.unwrap_or(secs)),
+            warmup_requests: args.warmup_requests,
+        }
+    };
+    let mut runs = Vec::new();
+    match args.workload {
+        Workload::Load => {
+            create_topic(&http, &urls[0], &args).await?;
+            let plan = Plan {
+                concurrency,
+                requests: Some(args.requests.unwrap_or(args.keys).min(args.keys)),
+                duration: Duration::from_secs(args.duration_secs.unwrap_or(300)),
+                warmup_requests: 0,
+            };
+            let op = Op::Put { prefixes: kv_prefixes(&urls, &args.topic) };
+            runs.push((None, plan, op));
+        }
+        Workload::Get1 | Workload::Getc => {
+            let mut modes = args.read.clone();
+            if modes.is_empty() {
+                modes = if args.workload == Workload::Get1 {
+                    vec!["linearizable".into(), "follower".into()]
+                } else {
+                    vec!["linearizable".into()]
+                };
+            }
+            for mode in modes {
+                if !matches!(mode.as_str(), "linearizable" | "strict" | "follower") {
+                    return Err(format!("--read must be linearizable, strict or follower, not {mode:?}"));
+                }
+                let plan = if args.workload == Workload::Get1 {
+                    bounded(1, Some(20_000), 120, 10)
+                } else {
+                    bounded(concurrency, None, 10, 10)
+                };
+                let op = Op::Get { prefixes: kv_prefixes(&urls, &args.topic), query: format!("?read={mode}") };
+                runs.push((Some(mode), plan, op));
+            }
+        }
+        Workload::Noop => {
+            let op = Op::Noop { urls: urls.iter().map(|u| format!("{u}/bench/noop")).collect() };
+            runs.push((None, bounded(concurrency, Some(20_000), 120, 10), op));
+        }
+        Workload::Report => unreachable!("report returned above"),
+    }
+    let label = args
+        .label
+        .clone()
+        .unwrap_or_else(|| if args.workload == Workload::Noop { "floor".into() } else { "logdex".into() });
+    let workload = format!("{:?}", args.workload).to_lowercase();
+    for (read, plan, op) in runs {
+        let ctx = Arc::new(Ctx { http: http.clone(), op, keys: args.keys, value_bytes: args.value_bytes });
+        let progress_name = format!("{workload} {}", read.as_deref().unwrap_or(""));
+        let (stats, elapsed) = drive(&ctx, &plan, progress_name.trim()).await;
+        let report = stats.report(&label, &workload, read, plan.concurrency, elapsed);
+        print_report(&report, args.json)?;
+        if report.ok == 0 {
+            return Err(format!("no request succeeded: {}", report.first_error.unwrap_or_default()));
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- the driver
+
+struct Plan {
+    concurrency: usize,
+    requests: Option<u64>,
+    duration: Duration,
+    warmup_requests: u64,
+}
+
+enum Op {
+    /// `PUT {prefix}key-%08d` for key `seq`, value of `value_bytes` random bytes.
+    Put { prefixes: Vec<String> },
+    /// `GET {prefix}key-%08d{query}` for a uniformly random key.
+    Get { prefixes: Vec<String>, query: String },
+    /// `GET {url}` (the no-work handler).
+    Noop { urls: Vec<String> },
+}
+
+struct Ctx {
+    http: reqwest::Client,
+    op: Op,
+    keys: u64,
+    value_bytes: usize,
+}
+
+enum Outcome {
+    Ok,
+    NotFound,
+    Error(String),
+}
+
+fn kv_prefixes(urls: &[String], topic: &str) -> Vec<String> {
+    urls.iter().map(|u| format!("{u}/kv/{topic}/")).collect()
+}
+
+async fn create_topic(http: &reqwest::Client, url: &str, args: &BenchArgs) -> Result<(), String> {
+    let body = serde_json::json!({
+        "name": args.topic, "partitions": args.partitions, "replication_factor": args.replication_factor,
+    });
+    let resp = http
+        .post(format!("{url}/topics"))
+        .timeout(Duration::from_secs(60))
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| format!("creating topic {}: {e}", args.topic))?;
+    let status = resp.status();
+    if !status.is_success() {
+        let text = resp.text().await.unwrap_or_default();
+        return Err(format!("creating topic {}: {status} {text}", args.topic));
+    }
+    Ok(())
+}
+
+/// Runs `plan.concurrency` closed-loop clients until the request count or the
+/// duration is reached, after each client's warm-up; returns the merged
+/// statistics and the measured wall time.
+async fn drive(ctx: &Arc<Ctx>, plan: &Plan, name: &str) -> (Stats, Duration) {
+    let limit = plan.requests.unwrap_or(u64::MAX);
+    let shared = Arc::new(Shared { next: AtomicU64::new(0), done: AtomicU64::new(0), stop: AtomicBool::new(false) });
+    let barrier = Arc::new(tokio::sync::Barrier::new(plan.concurrency + 1));
+    let mut workers = Vec::with_capacity(plan.concurrency);
+    for worker in 0..plan.concurrency {
+        let (ctx, shared, barrier) = (ctx.clone(), shared.clone(), barrier.clone());
+        let (warmup, duration) = (plan.warmup_requests, plan.duration);
+        workers.push(tokio::spawn(async move {
+            for i in 0..warmup {
+                let _ = one(&ctx, worker, u64::MAX - i).await;
+            }
+            barrier.wait().await;
+            client_loop(&ctx, &shared, worker, limit, Instant::now() + duration).await
+        }));
+    }
+    barrier.wait().await;
+    let start = Instant::now();
+    let progress = progress_task(shared.clone(), name.to_string(), plan.requests, plan.duration, start);
+    let mut stats = Stats::default();
+    for w in workers {
+        match w.await {
+            Ok(s) => stats.merge(s),
+            Err(e) => stats.error(format!("client task failed: {e}")),
+        }
+    }
+    let elapsed = start.elapsed();
+    shared.stop.store(true, Ordering::Relaxed);
+    if let Some(p) = progress {
+        let _ = p.await;
+    }
+    (stats, elapsed)
+}
+
+struct Shared {
+    next: AtomicU64,
+    done: AtomicU64,
+    stop: AtomicBool,
+}
+
+async fn client_loop(ctx: &Ctx, shared: &Shared, worker: usize, limit: u64, deadline: Instant) -> Stats {
+    let mut stats = Stats::default();
+    while Instant::now() < deadline {
+        let seq = shared.next.fetch_add(1, Ordering::Relaxed);
+        if seq >= limit {
+            break;
+        }
+        let t0 = Instant::now();
+        let outcome = one(ctx, worker, seq).await;
+        let latency = t0.elapsed();
+        match outcome {
+            Outcome::Ok => {
+                stats.ok += 1;
+                stats.latency.record(latency);
+            }
+            Outcome::NotFound => {
+                stats.not_found += 1;
+                stats.latency.record(latency);
+            }
+            Outcome::Error(e) => stats.error(e),
+        }
+        shared.done.fetch_add(1, Ordering::Relaxed);
+    }
+    stats
+}
+
+/// One request. `seq` numbers the key of a write and rotates the node asked.
+async fn one(ctx: &Ctx, worker: usize, seq: u64) -> Outcome {
+    let pick = |n: usize| (worker.wrapping_add(seq as usize)) % n;
+    let request = match &ctx.op {
+        Op::Put { prefixes } => {
+            let mut value = vec![0u8; ctx.value_bytes];
+            rand::rng().fill(&mut value[..]);
+            let key = if seq >= ctx.keys { seq % ctx.keys.max(1) } else { seq };
+            ctx.http.put(format!("{}key-{key:08}", prefixes[pick(prefixes.len())])).body(value)
+        }
+        Op::Get { prefixes, query } => {
+            let key = rand::rng().random_range(0..ctx.keys.max(1));
+            ctx.http.get(format!("{}key-{key:08}{query}", prefixes[pick(prefixes.len())]))
+        }
+        Op::Noop { urls } => ctx.http.get(&urls[pick(urls.len())]),
+    };
+    let resp = match request.send().await {
+        Ok(r) => r,
+        Err(e) => return Outcome::Error(format!("request failed: {e}")),
+    };
+    let status = resp.status();
+    // Read the whole body so that the connection goes back to the pool.
+    let body = match resp.bytes().await {
+        Ok(b) => b,
+        Err(e) => return Outcome::Error(format!("reading the answer: {e}")),
+    };
+    match status.as_u16() {
+        200 => match &ctx.op {
+            Op::Get { .. } if body.len() != ctx.value_bytes => {
+                Outcome::Error(format!("value of {} bytes, expected {}", body.len(), ctx.value_bytes))
+            }
+            _ => Outcome::Ok,
+        },
+        404 if matches!(ctx.op, Op::Get { .. }) => Outcome::NotFound,
+        _ => Outcome::Error(format!("{status}: {}", String::from_utf8_lossy(&body[..body.len().min(200)]))),
+    }
+}
+
+/// A progress line on stderr, only when stderr is a terminal.
+fn progress_task(
+    shared: Arc<Shared>,
+    name: String,
+    requests: Option<u64>,
+    duration: Duration,
+    start: Instant,
+) -> Option<tokio::task::JoinHandle<()>> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    Some(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        while !shared.stop.load(Ordering::Relaxed) {
+            tick.tick().await;
+            let done = shared.done.load(Ordering::Relaxed);
+            let secs = start.elapsed().as_secs_f64();
+            let of = requests.map(|r| format!("/{r}")).unwrap_or_default();
+            let mut err = std::io::stderr().lock();
+            let _ = write!(
+                err,
+                "\r\x1b[2K{name}: {done}{of} requests, {:.0}/s, {secs:.1}/{} s",
+                done as f64 / secs.max(1e-9),
+                duration.as_secs()
+            );
+            let _ = err.flush();
+        }
+        let _ = write!(std::io::stderr().lock(), "\r\x1b[2K");
+    }))
+}
+
+// ---------------------------------------------------------------- statistics
+
+#[derive(Default)]
+struct Stats {
+    ok: u64,
+    not_found: u64,
+    errors: u64,
+    first_error: Option<String>,
+    latency: Histogram,
+}
+
+impl Stats {
+    fn error(&mut self, e: String) {
+        self.errors += 1;
+        self.first_error.get_or_insert(e);
+    }
+
+    fn merge(&mut self, other: Stats) {
+        self.ok += other.ok;
+        self.not_found += other.not_found;
+        self.errors += other.errors;
+        if self.first_error.is_none() {
+            self.first_error = other.first_error;
+        }
+        self.latency.merge(&other.latency);
+    }
+
+    fn report(
+        &self,
+        system: &str,
+        workload: &str,
+        read: Option<String>,
+        concurrency: usize,
+        elapsed: Duration,
+    ) -> RunReport {
+        let us = |q: f64| self.latency.quantile_ns(q) as f64 / 1000.0;
+        let secs = elapsed.as_secs_f64();
+        RunReport {
+            system: system.to_string(),
+            workload: workload.to_string(),
+            read,
+            concurrency,
+            ok: self.ok,
+            not_found: self.not_found,
+            errors: self.errors,
+            elapsed_s: secs,
+            rate_per_s: (self.ok + self.not_found) as f64 / secs.max(1e-9),
+            p50_us: us(0.5),
+            p90_us: us(0.9),
+            p99_us: us(0.99),
+            p999_us: us(0.999),
+            max_us: self.latency.max_ns as f64 / 1000.0,
+            first_error: self.first_error.clone(),
+        }
+    }
+}
+
+/// Log-linear histogram of nanoseconds, as HDR histograms do: values below
+/// 2^SUB_BITS are exact, larger ones keep SUB_BITS significant bits (a
+/// bucket is at most 0.2% wide). Fixed size; values above about 2^40 ns (18 minutes)
+/// land in the last bucket.
+struct Histogram {
+    counts: Vec<u64>,
+    total: u64,
+    max_ns: u64,
+}
+
+const SUB_BITS: u32 = 10;
+const HALF: usize = 1 << (SUB_BITS - 1);
+const SHIFT_MAX: u32 = 32;
+
+impl Default for Histogram {
+    fn default() -> Histogram {
+        Histogram { counts: vec![0; (SHIFT_MAX as usize + 2) * HALF], total: 0, max_ns: 0 }
+    }
+}
+
+impl Histogram {
+    fn record(&mut self, d: Duration) {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let i = Self::index(ns).min(self.counts.len() - 1);
+        self.counts[i] += 1;
+        self.total += 1;
+        self.max_ns = self.max_ns.max(ns);
+    }
+
+    fn index(v: u64) -> usize {
+        if v < (1 << SUB_BITS) {
+            return v as usize;
+        }
+        let shift = 64 - v.leading_zeros() - SUB_BITS;
+        (shift as usize) * HALF + (v >> shift) as usize
+    }
+
+    /// The highest value that falls into bucket `i`.
+    fn highest(i: usize) -> u64 {
+        if i < (1 << SUB_BITS) {
+            return i as u64;
+        }
+        let shift = (i / HALF - 1) as u32;
+        let mantissa = (i - shift as usize * HALF) as u64;
+        ((mantissa + 1) << shift) - 1
+    }
+
+    fn merge(&mut self, other: &Histogram) {
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        self.total += other.total;
+        self.max_ns = self.max_ns.max(other.max_ns);
+    }
+
+    fn quantile_ns(&self, q: f64) -> u64 {
+        if self.total == 0 {
+            return 0;
+        }
+        let rank = ((q * self.total as f64).ceil() as u64).clamp(1, self.total);
+        let mut seen = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Self::highest(i).min(self.max_ns);
+            }
+        }
+        self.max_ns
+    }
+}
+
+fn print_report(r: &RunReport, json: bool) -> Result<(), String> {
+    let mut out = std::io::stdout().lock();
+    let line = if json {
+        serde_json::to_string(r).map_err(|e| format!("cannot encode the report: {e}"))?
+    } else {
+        let read = r.read.as_deref().map(|m| format!(" read={m}")).unwrap_or_default();
+        let error = r.first_error.as_deref().map(|e| format!(" (first error: {e})")).unwrap_or_default();
+        format!(
+            "{} {}{read} c={}: {} ok, {} not found, {} errors in {:.2} s = {:.0}/s; latency us p50 {:.0} p90 {:.0} \
+             p99 {:.0} p99.9 {:.0} max {:.0}{error}",
+            r.system,
+            r.workload,
+            r.concurrency,
+            r.ok,
+            r.not_found,
+            r.errors,
+            r.elapsed_s,
+            r.rate_per_s,
+            r.p50_us,
+            r.p90_us,
+            r.p99_us,
+            r.p999_us,
+            r.max_us
+        )
+    };
+    writeln!(out, "{line}").map_err(|e| format!("cannot write the report: {e}"))
+}
+
+// ---------------------------------------------------------------- report
+
+/// Prints the Markdown table of one run: each logdex figure next to the floor
+/// (noop with the same shape) and the peer (any system other than logdex and
+/// floor), with the ratios and the issue's targets.
+fn report(inputs: &[PathBuf]) -> Result<(), String> {
+    let mut runs = Vec::new();
+    for path in inputs {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        for line in text.lines().filter(|l| l.trim_start().starts_with('{')) {
+            let r: RunReport =
+                serde_json::from_str(line).map_err(|e| format!("{}: bad JSON line {line:?}: {e}", path.display()))?;
+            runs.push(r);
+        }
+    }
+    let find = |pred: &dyn Fn(&RunReport) -> bool| runs.iter().rev().find(|r| pred(r)).cloned();
+    let floor1 = find(&|r| r.system == "floor" && r.concurrency == 1);
+    let floorc = find(&|r| r.system == "floor" && r.concurrency > 1);
+    let peer_of = |w: &str| find(&|r| r.system != "logdex" && r.system != "floor" && r.workload == w);
+    let peer_name = runs.iter().map(|r| r.system.clone()).find(|s| s != "logdex" && s != "floor");
+    let peer_name = peer_name.unwrap_or_else(|| "peer".into());
+    let mut out = String::new();
+    out.push_str(&format!(
+        "| measure | logdex | floor (no-work handler) | {peer_name} | logdex/floor | logdex/{peer_name} | target | met |\n\
+         |---|---:|---:|---:|---:|---:|---|---|\n"
+    ));
+    let mut row = |measure: String, l: f64, floor: Option<f64>, peer: Option<f64>, target: &str, met: Option<bool>| {
+        let cell = |v: Option<f64>| v.map(fmt_num).unwrap_or_else(|| "".into());
+        let ratio = |v: Option<f64>| v.filter(|v| *v > 0.0).map(|v| format!("{:.2}", l / v)).unwrap_or_default();
+        let met = match met {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "",
+        };
+        out.push_str(&format!(
+            "| {measure} | {} | {} | {} | {} | {} | {target} | {met} |\n",
+            fmt_num(l),
+            cell(floor),
+            cell(peer),
+            ratio(floor),
+            ratio(peer)
+        ));
+    };
+    for r in runs.iter().filter(|r| r.system == "logdex") {
+        let read = r.read.as_deref().unwrap_or("");
+        match r.workload.as_str() {
+            "load" => {
+                let peer = peer_of("load");
+                let pr = peer.as_ref().map(|p| p.rate_per_s);
+                let met = pr.map(|p| r.rate_per_s >= 1.5 * p);
+                row(format!("load: puts/s, {} in flight", r.concurrency), r.rate_per_s, None, pr, ">= 1.5x peer", met);
+                row("load: put p50 us".into(), r.p50_us, None, peer.as_ref().map(|p| p.p50_us), "", None);
+                row("load: put p99 us".into(), r.p99_us, None, peer.as_ref().map(|p| p.p99_us), "", None);
+                row("load: put p99.9 us".into(), r.p999_us, None, peer.as_ref().map(|p| p.p999_us), "", None);
+            }
+            "get1" => {
+                let peer = peer_of("get1");
+                let (f50, p50) = (floor1.as_ref().map(|f| f.p50_us), peer.as_ref().map(|p| p.p50_us));
+                let (target, met) = match read {
+                    "follower" => {
+                        ("<= 1.3x floor and < peer", f50.zip(p50).map(|(f, p)| r.p50_us <= 1.3 * f && r.p50_us < p))
+                    }
+                    "linearizable" => ("< 300 us", Some(r.p50_us < 300.0)),
+                    "strict" => ("< 500 us (ReadIndex)", Some(r.p50_us < 500.0)),
+                    _ => ("", None),
+                };
+                row(format!("get1 {read}: p50 us"), r.p50_us, f50, p50, target, met);
+                let (target, met) = if read == "follower" { ("< 400 us", Some(r.p99_us < 400.0)) } else { ("", None) };
+                let f99 = floor1.as_ref().map(|f| f.p99_us);
+                row(format!("get1 {read}: p99 us"), r.p99_us, f99, peer.as_ref().map(|p| p.p99_us), target, met);
+                let f999 = floor1.as_ref().map(|f| f.p999_us);
+                row(format!("get1 {read}: p99.9 us"), r.p999_us, f999, peer.as_ref().map(|p| p.p999_us), "", None);
+            }
+            "getc" => {
+                let peer = peer_of("getc");
+                let (fr, pr) = (floorc.as_ref().map(|f| f.rate_per_s), peer.as_ref().map(|p| p.rate_per_s));
+                let met = fr.zip(pr).map(|(f, p)| r.rate_per_s >= p && r.rate_per_s >= 0.6 * f);
+                let measure = format!("getc {read}: gets/s, {} clients", r.concurrency);
+                row(measure, r.rate_per_s, fr, pr, ">= peer and >= 0.6x floor", met);
+                let (f50, p50) = (floorc.as_ref().map(|f| f.p50_us), peer.as_ref().map(|p| p.p50_us));
+                row(format!("getc {read}: p50 us"), r.p50_us, f50, p50, "", None);
+                let (f99, p99) = (floorc.as_ref().map(|f| f.p99_us), peer.as_ref().map(|p| p.p99_us));
+                row(format!("getc {read}: p99 us"), r.p99_us, f99, p99, "", None);
+            }
+            _ => {}
+        }
+    }
+    let errors: u64 = runs.iter().map(|r| r.errors).sum();
+    let not_found: u64 = runs.iter().map(|r| r.not_found).sum();
+    out.push_str(&format!("\nerrors in all runs: {errors}; not found: {not_found}\n"));
+    print!("{out}");
+    Ok(())
+}
+
+fn fmt_num(v: f64) -> String {
+    if v >= 100.0 { format!("{v:.0}") } else { format!("{v:.1}") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every value falls into a bucket whose highest value is at most 0.2% above it.
+    #[test]
+    fn histogram_buckets_are_contiguous_and_precise() {
+        for v in [0u64, 1, 1023, 1024, 1025, 1535, 1536, 4096, 123_456, 10_000_000, 1 << 40] {
+            let i = Histogram::index(v);
+            let high = Histogram::highest(i);
+            assert!(high >= v, "{v} -> bucket {i} highest {high}");
+            assert!((high - v) as f64 <= v as f64 / 500.0 + 1.0, "{v} -> {high}");
+            if i > 0 {
+                assert!(Histogram::highest(i - 1) < v, "{v} also fits bucket {}", i - 1);
+            }
+        }
+    }
+
+    /// Quantiles of 1..=1000 microseconds come out within 0.2%.
+    #[test]
+    fn histogram_quantiles_match_sorted_values() {
+        let mut h = Histogram::default();
+        for us in 1..=1000u64 {
+            h.record(Duration::from_micros(us));
+        }
+        let p50 = h.quantile_ns(0.5) as f64 / 1000.0;
+        let p99 = h.quantile_ns(0.99) as f64 / 1000.0;
+        assert!((p50 - 500.0).abs() <= 0.5, "p50 {p50}");
+        assert!((p99 - 990.0).abs() <= 1.0, "p99 {p99}");
+        assert_eq!(h.quantile_ns(1.0), 1_000_000);
+    }
+}

@@ -1,0 +1,215 @@
+//! Cross-cutting HTTP concerns: bearer-token auth, the in-flight request
+//! bound, JSON error bodies for every rejection, per-client lookup rate limit,
+//! and request metrics by route and status.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::extract::MatchedPath;
+use axum::extract::Request;
+use axum::extract::State;
+use axum::http::HeaderValue;
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use serde_json::json;
+use tokio::sync::Semaphore;
+
+use crate::error::ApiError;
+
+/// Upper bounds of the request latency histogram buckets, in seconds.
+pub const LATENCY_BUCKETS_S: [f64; 12] =
+    [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 2.0];
+/// Distinct clients tracked by the lookup rate limiter before old entries are dropped.
+const RATE_CLIENTS_MAX: usize = 100_000;
+
+/// Shared state of the middleware.
+pub struct Guard {
+    /// Required `Authorization: Bearer <token>`, when set.
+    pub token: Option<String>,
+    in_flight: Semaphore,
+    lookup_rate: Option<RateLimiter>,
+    pub metrics: Metrics,
+}
+
+impl Guard {
+    pub fn new(token: Option<String>, requests_in_flight_max: usize, lookups_per_client_per_s: Option<u32>) -> Guard {
+        Guard {
+            token,
+            in_flight: Semaphore::new(requests_in_flight_max),
+            lookup_rate: lookups_per_client_per_s.map(RateLimiter::new),
+            metrics: Metrics::default(),
+        }
+    }
+}
+
+/// Auth, in-flight bound, rate limit, metrics and JSON errors, in that order.
+pub async fn guard(State(g): State<Arc<Guard>>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let route = request.extensions().get::<MatchedPath>().map_or("unmatched", |m| m.as_str()).to_string();
+    let method = request.method().clone();
+    let response = match admit(&g, &request, &route) {
+        Err(e) => e.into_response(),
+        Ok(()) => match g.in_flight.try_acquire() {
+            Err(_) => ApiError::Unavailable("too many requests in flight on this node".into()).into_response(),
+            Ok(_permit) => next.run(request).await,
+        },
+    };
+    let response = json_error_body(response).await;
+    g.metrics.observe(&method, &route, response.status(), started.elapsed());
+    response
+}
+
+fn admit(g: &Guard, request: &Request, route: &str) -> Result<(), ApiError> {
+    let open = matches!(route, "/healthz" | "/readyz" | "/metrics");
+    if let (Some(token), false) = (&g.token, open) {
+        let given = request
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !given.is_some_and(|t| constant_time_eq(t.as_bytes(), token.as_bytes())) {
+            return Err(ApiError::Unauthorized);
+        }
+    }
+    if let Some(limiter) = &g.lookup_rate {
+        let forwarded = request.headers().contains_key(crate::routing::FORWARDED_HEADER);
+        if route == "/kv/{topic}/{*key}" && request.method() == axum::http::Method::GET && !forwarded {
+            let ip = request.extensions().get::<ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip());
+            if let Some(ip) = ip {
+                limiter.check(ip)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Rewrites a non-JSON error answer (an extractor rejection, an unknown
+/// route) into the JSON error shape, keeping its status and headers.
+async fn json_error_body(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, 64 * 1024).await.unwrap_or_default();
+    let code = match status {
+        StatusCode::NOT_FOUND => "route_not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        StatusCode::UNPROCESSABLE_ENTITY | StatusCode::BAD_REQUEST => "invalid_request",
+        _ => "error",
+    };
+    let status = if status == StatusCode::UNPROCESSABLE_ENTITY { StatusCode::BAD_REQUEST } else { status };
+    let body = json!({"error": {"code": code, "message": String::from_utf8_lossy(&text)}});
+    parts.status = status;
+    parts.headers.insert("content-type", HeaderValue::from_static("application/json"));
+    parts.headers.remove("content-length");
+    Response::from_parts(parts, Body::from(body.to_string()))
+}
+
+/// A token bucket per client address.
+struct RateLimiter {
+    per_s: u32,
+    buckets: Mutex<HashMap<IpAddr, (f64, Instant)>>,
+}
+
+impl RateLimiter {
+    fn new(per_s: u32) -> RateLimiter {
+        RateLimiter { per_s: per_s.max(1), buckets: Mutex::new(HashMap::new()) }
+    }
+
+    fn check(&self, ip: IpAddr) -> Result<(), ApiError> {
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        if buckets.len() >= RATE_CLIENTS_MAX {
+            buckets.clear();
+        }
+        let now = Instant::now();
+        let rate = f64::from(self.per_s);
+        let (tokens, last) = buckets.entry(ip).or_insert((rate, now));
+        *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * rate).min(rate);
+        *last = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(ApiError::RateLimited(format!("more than {} lookups per second from {ip}", self.per_s)))
+        }
+    }
+}
+
+/// Request counts and latency histograms by method, route and status.
+#[derive(Default)]
+pub struct Metrics {
+    series: Mutex<HashMap<(String, String, u16), Series>>,
+}
+
+#[derive(Default, Clone)]
+struct Series {
+    count: u64,
+    sum_s: f64,
+    buckets: [u64; LATENCY_BUCKETS_S.len()],
+}
+
+impl Metrics {
+    fn observe(&self, method: &axum::http::Method, route: &str, status: StatusCode, elapsed: Duration) {
+        let secs = elapsed.as_secs_f64();
+        let mut series = self.series.lock().unwrap_or_else(|e| e.into_inner());
+        let s = series.entry((method.to_string(), route.to_string(), status.as_u16())).or_default();
+        s.count += 1;
+        s.sum_s += secs;
+        for (i, bound) in LATENCY_BUCKETS_S.iter().enumerate() {
+            if secs <= *bound {
+                s.buckets[i] += 1;
+            }
+        }
+    }
+
+    /// Prometheus text exposition of the request series.
+    pub fn render(&self, out: &mut String) {
+        use std::fmt::Write;
+        let series = self.series.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let _ = writeln!(out, "# HELP logdex_http_request_duration_seconds HTTP request latency by route and status.");
+        let _ = writeln!(out, "# TYPE logdex_http_request_duration_seconds histogram");
+        let mut keys: Vec<_> = series.keys().cloned().collect();
+        keys.sort();
+        for key in keys {
+            let s = &series[&key];
+            let (method, route, status) = &key;
+            let labels = format!("method=\"{method}\",route=\"{route}\",status=\"{status}\"");
+            for (i, bound) in LATENCY_BUCKETS_S.iter().enumerate() {
+                let _ = writeln!(
+                    out,
+                    "logdex_http_request_duration_seconds_bucket{{{labels},le=\"{bound}\"}} {}",
+                    s.buckets[i]
+                );
+            }
+            let _ = writeln!(out, "logdex_http_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}", s.count);
+            let _ = writeln!(out, "logdex_http_request_duration_seconds_sum{{{labels}}} {}", s.sum_s);
+            let _ = writeln!(out, "logdex_http_request_duration_seconds_count{{{labels}}} {}", s.count);
+        }
+    }
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
