@@ -55,6 +55,9 @@ pub struct ServeArgs {
     /// (except /healthz, /readyz and /metrics). Forwarded requests carry it on.
     #[arg(long, env = "LOGDEX_AUTH_TOKEN_FILE")]
     pub auth_token_file: Option<PathBuf>,
+    /// File holding a bearer token for node-to-node RPC: required from peers and sent to them.
+    #[arg(long, env = "LOGDEX_RPC_TOKEN_FILE")]
+    pub rpc_token_file: Option<PathBuf>,
     /// Upper bound on HTTP requests being served at once; more answer 503.
     #[arg(long, env = "LOGDEX_REQUESTS_IN_FLIGHT_MAX", default_value_t = 4096)]
     pub requests_in_flight_max: usize,
@@ -107,10 +110,24 @@ impl ServeArgs {
             snapshot_every_entries: self.snapshot_every,
             log: LogConfig::default(),
             index: IndexConfig::default(),
+            rpc_token: match &self.rpc_token_file {
+                Some(path) => Some(read_token(path)?),
+                None => None,
+            },
         };
         config.validate().map_err(|e| e.to_string())?;
         Ok(config)
     }
+}
+
+/// Reads a token file: the first line, trimmed, must be non-empty.
+fn read_token(path: &std::path::Path) -> Result<String, String> {
+    let t = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let t = t.trim().to_string();
+    if t.is_empty() {
+        return Err(format!("{} holds no token", path.display()));
+    }
+    Ok(t)
 }
 
 pub fn init_tracing(filter: &str) {
@@ -161,14 +178,7 @@ pub async fn start(args: ServeArgs) -> Result<RunningNode, String> {
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
 
     let token = match &args.auth_token_file {
-        Some(path) => {
-            let t = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            let t = t.trim().to_string();
-            if t.is_empty() {
-                return Err(format!("{} holds no token", path.display()));
-            }
-            Some(t)
-        }
+        Some(path) => Some(read_token(path)?),
         None => None,
     };
     let guard = crate::middleware::Guard::new(token, args.requests_in_flight_max.max(1), args.lookup_rate_limit);

@@ -41,7 +41,7 @@ fn record_spec() -> impl Strategy<Value = RecordSpec> {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        8 => (proptest::collection::vec(record_spec(), 1..6), codec()).prop_map(|(r, c)| Op::Append(r, c)),
+        12 => (proptest::collection::vec(record_spec(), 1..6), codec()).prop_map(|(r, c)| Op::Append(r, c)),
         3 => any::<u16>().prop_map(Op::ReadRecord),
         2 => (any::<u16>(), 1u8..20, 1u16..2000).prop_map(|(o, n, b)| Op::ReadRecords(o, n, b)),
         2 => (any::<u16>(), 0u16..2000).prop_map(|(o, b)| Op::ReadBatches(o, b)),
@@ -263,7 +263,7 @@ proptest! {
 
     /// The log answers every read exactly like the model after any sequence of operations.
     #[test]
-    fn log_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+    fn log_matches_model(ops in proptest::collection::vec(op(), 10..80)) {
         let dir = tempfile::tempdir().map_err(|e| TestCaseError::fail(e.to_string()))?;
         let mut log = check(Log::open(dir.path(), config()))?;
         let mut model = Model { records: BTreeMap::new(), batch_bases: Vec::new(), start: 0, next: 0, clock_ms: 0 };

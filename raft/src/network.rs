@@ -77,17 +77,44 @@ async fn send_snapshot_files(
     Ok(())
 }
 
+/// Adds the node-to-node bearer token, when configured, to every request.
+#[derive(Clone)]
+pub struct TokenInterceptor {
+    header: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+}
+
+impl tonic::service::Interceptor for TokenInterceptor {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(h) = &self.header {
+            request.metadata_mut().insert("authorization", h.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// A node-to-node client.
+pub type RaftClient = RaftServiceClient<tonic::service::interceptor::InterceptedService<Channel, TokenInterceptor>>;
+
 /// One channel per peer address, shared by all groups and by client-side calls.
-#[derive(Default)]
 pub struct ChannelPool {
     channels: Mutex<HashMap<String, Channel>>,
+    token: TokenInterceptor,
 }
 
 impl ChannelPool {
-    pub fn client(&self, addr: &str) -> Result<RaftServiceClient<Channel>, tonic::transport::Error> {
+    /// A pool whose requests carry `Authorization: Bearer <token>` when a token is given.
+    pub fn new(token: Option<&str>) -> Result<ChannelPool, String> {
+        let header = match token {
+            Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| "the rpc token is not valid ASCII".to_string())?),
+            None => None,
+        };
+        Ok(ChannelPool { channels: Mutex::new(HashMap::new()), token: TokenInterceptor { header } })
+    }
+
+    pub fn client(&self, addr: &str) -> Result<RaftClient, tonic::transport::Error> {
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(channel) = channels.get(addr) {
-            return Ok(RaftServiceClient::new(channel.clone()));
+            return Ok(RaftServiceClient::with_interceptor(channel.clone(), self.token.clone()));
         }
         let channel = Endpoint::from_shared(format!("http://{addr}"))?
             .connect_timeout(Duration::from_secs(1))
@@ -96,7 +123,7 @@ impl ChannelPool {
             .keep_alive_timeout(Duration::from_secs(5))
             .connect_lazy();
         channels.insert(addr.to_string(), channel.clone());
-        Ok(RaftServiceClient::new(channel))
+        Ok(RaftServiceClient::with_interceptor(channel, self.token.clone()))
     }
 }
 
@@ -142,7 +169,7 @@ fn with_deadline<T>(msg: T, option: &RPCOption) -> tonic::Request<T> {
 }
 
 impl GroupConnection {
-    fn client(&self) -> Result<RaftServiceClient<Channel>, RpcError> {
+    fn client(&self) -> Result<RaftClient, RpcError> {
         self.pool.client(&self.addr).map_err(unreachable)
     }
 

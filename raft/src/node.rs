@@ -69,6 +69,8 @@ pub struct NodeConfig {
     pub snapshot_every_entries: u64,
     pub log: LogConfig,
     pub index: IndexConfig,
+    /// Bearer token required on node-to-node RPC and sent with it, when set.
+    pub rpc_token: Option<String>,
 }
 
 impl NodeConfig {
@@ -155,7 +157,7 @@ impl Node {
         );
         let raft_log = RaftLogDb::open(&config.data_dir.join("raft"))?;
         let index = Index::open(&config.data_dir.join("index"), config.index.clone())?;
-        let pool = Arc::new(ChannelPool::default());
+        let pool = Arc::new(ChannelPool::new(config.rpc_token.as_deref()).map_err(Error::Invalid)?);
         let controller = Controller::open(config.data_dir.join("controller"))?;
         let controller_raft = Raft::new(
             config.node_id,
@@ -279,7 +281,11 @@ impl Node {
                 Err(e) => self.register_via_peers(&cmd).await.map_err(|_| e),
             };
             if let Err(e) = result {
-                tracing::debug!(error = %e, attempt, "registration not done yet");
+                if attempt % 20 == 19 {
+                    tracing::warn!(error = %e, attempt, "cannot register with the controller yet");
+                } else {
+                    tracing::debug!(error = %e, attempt, "registration not done yet");
+                }
             }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(500)) => {}

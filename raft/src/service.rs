@@ -33,11 +33,34 @@ pub struct Service {
     node: Node,
 }
 
+/// Checks the node-to-node bearer token, when one is configured.
+#[derive(Clone)]
+pub struct RequireToken {
+    expected: Option<String>,
+}
+
+impl tonic::service::Interceptor for RequireToken {
+    fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        let Some(expected) = &self.expected else { return Ok(request) };
+        let given = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        let ok = given.is_some_and(|g| {
+            g.len() == expected.len() && g.bytes().zip(expected.bytes()).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0
+        });
+        if ok { Ok(request) } else { Err(Status::unauthenticated("missing or wrong node-to-node token")) }
+    }
+}
+
 /// The tonic service for this node.
-pub fn server(node: Node) -> RaftServiceServer<Service> {
-    RaftServiceServer::new(Service { node })
+pub fn server(node: Node) -> tonic::service::interceptor::InterceptedService<RaftServiceServer<Service>, RequireToken> {
+    let expected = node.config().rpc_token.clone();
+    let server = RaftServiceServer::new(Service { node })
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
-        .max_encoding_message_size(MESSAGE_BYTES_MAX)
+        .max_encoding_message_size(MESSAGE_BYTES_MAX);
+    tonic::service::interceptor::InterceptedService::new(server, RequireToken { expected })
 }
 
 impl Service {
