@@ -291,6 +291,12 @@ impl Partition {
     pub fn read_records(&self, offset: Offset, max_records: usize, max_bytes: usize) -> Result<Vec<(Offset, Record)>> {
         let hw = self.high_watermark();
         let log = self.log.read().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
+        // Below the log start (retention moved it) the fetch starts at the first
+        // readable record, which the answer's offsets make visible.
+        let offset = offset.max(log.start_offset());
+        if offset >= hw {
+            return Ok(Vec::new());
+        }
         let mut records = log.read_records(offset, max_records, max_bytes)?;
         records.retain(|(o, _)| *o < hw);
         Ok(records)
