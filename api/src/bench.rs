@@ -552,8 +552,10 @@ fn print_report(r: &RunReport, json: bool) -> Result<(), String> {
 // ---------------------------------------------------------------- report
 
 /// Prints the Markdown table of one run: each logdex figure next to the floor
-/// (noop with the same shape) and the peer (any system other than logdex and
-/// floor), with the ratios and the targets.
+/// (system `floor`: noop with the same number of clients) and the peer (any
+/// system other than `logdex` and `floor*`), with the ratios and the issue's
+/// targets. Other `floor-*` runs (the floor measured again later) are listed
+/// under the table.
 fn report(inputs: &[PathBuf]) -> Result<(), String> {
     let mut runs = Vec::new();
     for path in inputs {
@@ -567,8 +569,9 @@ fn report(inputs: &[PathBuf]) -> Result<(), String> {
     let find = |pred: &dyn Fn(&RunReport) -> bool| runs.iter().rev().find(|r| pred(r)).cloned();
     let floor1 = find(&|r| r.system == "floor" && r.concurrency == 1);
     let floorc = find(&|r| r.system == "floor" && r.concurrency > 1);
-    let peer_of = |w: &str| find(&|r| r.system != "logdex" && r.system != "floor" && r.workload == w);
-    let peer_name = runs.iter().map(|r| r.system.clone()).find(|s| s != "logdex" && s != "floor");
+    let is_peer = |system: &str| system != "logdex" && !system.starts_with("floor");
+    let peer_of = |w: &str| find(&|r| is_peer(&r.system) && r.workload == w);
+    let peer_name = runs.iter().map(|r| r.system.clone()).find(|s| is_peer(s));
     let peer_name = peer_name.unwrap_or_else(|| "peer".into());
     let mut out = String::new();
     out.push_str(&format!(
@@ -635,6 +638,16 @@ fn report(inputs: &[PathBuf]) -> Result<(), String> {
             }
             _ => {}
         }
+    }
+    for r in runs.iter().filter(|r| r.system.starts_with("floor-")) {
+        out.push_str(&format!(
+            "\n{} (noop, {} clients): p50 {} us, p99 {} us, {}/s",
+            r.system,
+            r.concurrency,
+            fmt_num(r.p50_us),
+            fmt_num(r.p99_us),
+            fmt_num(r.rate_per_s)
+        ));
     }
     let errors: u64 = runs.iter().map(|r| r.errors).sum();
     let not_found: u64 = runs.iter().map(|r| r.not_found).sum();

@@ -114,10 +114,10 @@ impl IntoResponse for ApiError {
         if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
             headers.insert("retry-after", HeaderValue::from_static("1"));
         }
-        if let ApiError::Misdirected { redirect: Some(url), .. } = &self {
-            if let Ok(v) = HeaderValue::from_str(url) {
-                headers.insert("x-kv-redirect", v);
-            }
+        if let ApiError::Misdirected { redirect: Some(url), .. } = &self
+            && let Ok(v) = HeaderValue::from_str(url)
+        {
+            headers.insert("x-kv-redirect", v);
         }
         response
     }

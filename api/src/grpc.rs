@@ -74,10 +74,10 @@ fn status_of(code: StatusCode, body: &[u8], headers: &axum::http::HeaderMap) -> 
         StatusCode::UNAUTHORIZED => Status::unauthenticated(message),
         _ => Status::internal(message),
     };
-    if let Some(redirect) = headers.get("x-kv-redirect").and_then(|v| v.to_str().ok()) {
-        if let Ok(v) = redirect.parse() {
-            status.metadata_mut().insert("x-kv-redirect", v);
-        }
+    if let Some(redirect) = headers.get("x-kv-redirect").and_then(|v| v.to_str().ok())
+        && let Ok(v) = redirect.parse()
+    {
+        status.metadata_mut().insert("x-kv-redirect", v);
     }
     status
 }

@@ -361,10 +361,16 @@ fn path_and_query(uri: &Uri) -> String {
 }
 
 /// The key of a `/kv/{topic}/{key}` request, from the raw path (so binary keys survive).
-fn key_from_uri(uri: &Uri, topic: &str, encoding: Option<&str>) -> Result<Vec<u8>, ApiError> {
-    let raw = uri.path();
-    let prefix_len = "/kv/".len() + raw.get(4..).and_then(|r| r.find('/')).unwrap_or(topic.len());
-    let encoded = raw.get(prefix_len + 1..).unwrap_or("");
+/// The topic of a `/kv/{topic}/{key}` request, from the raw path.
+fn topic_from_uri(uri: &Uri) -> Result<String, ApiError> {
+    let rest = uri.path().strip_prefix("/kv/").unwrap_or("");
+    let raw = rest.split('/').next().unwrap_or("");
+    String::from_utf8(percent_decode(raw)?).map_err(|_| ApiError::bad("invalid_topic", "topic name is not UTF-8"))
+}
+
+fn key_from_uri(uri: &Uri, encoding: Option<&str>) -> Result<Vec<u8>, ApiError> {
+    let rest = uri.path().strip_prefix("/kv/").unwrap_or("");
+    let encoded = rest.split_once('/').map_or("", |(_, key)| key);
     let key = percent_decode(encoded)?;
     match encoding {
         None | Some("utf8") | Some("raw") => Ok(key),
@@ -449,18 +455,18 @@ async fn produce_to(
                 Err(logdex_raft::Error::NotLeader { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
-        } else if let Some(leader) = s.router.find_leader(record).await {
-            if leader != s.router.node.node_id() {
-                let pq = path_and_query(req.uri);
-                match s.router.redirect(leader, hop, req.method.clone(), &pq, req.headers, req.body.clone()).await {
-                    // Never sent: the leader is down; wait for the next one.
-                    Err(ApiError::NodeUnreachable(_)) => s.router.forget_leader(record.group_id),
-                    Err(e) => {
-                        s.router.forget_leader(record.group_id);
-                        return Err(e);
-                    }
-                    Ok(resp) => return Ok(Err(resp)),
+        } else if let Some(leader) = s.router.find_leader(record).await
+            && leader != s.router.node.node_id()
+        {
+            let pq = path_and_query(req.uri);
+            match s.router.redirect(leader, hop, req.method.clone(), &pq, req.headers, req.body.clone()).await {
+                // Never sent: the leader is down; wait for the next one.
+                Err(ApiError::NodeUnreachable(_)) => s.router.forget_leader(record.group_id),
+                Err(e) => {
+                    s.router.forget_leader(record.group_id);
+                    return Err(e);
                 }
+                Ok(resp) => return Ok(Err(resp)),
             }
         }
         if tokio::time::Instant::now() >= deadline {
@@ -480,7 +486,6 @@ fn written(partition: u32, offset: u64) -> Response {
 
 async fn write_key(
     s: AppState,
-    topic_name: String,
     q: CommonQuery,
     uri: Uri,
     headers: HeaderMap,
@@ -488,8 +493,9 @@ async fn write_key(
     body: Bytes,
     value: Option<Vec<u8>>,
 ) -> Result<Response, ApiError> {
+    let topic_name = topic_from_uri(&uri)?;
     let t = topic(&s, &topic_name)?;
-    let key = key_from_uri(&uri, &topic_name, q.key_encoding.as_deref())?;
+    let key = key_from_uri(&uri, q.key_encoding.as_deref())?;
     if key.len() > s.limits.key_bytes_max {
         return Err(ApiError::TooLarge(format!("key of {} bytes exceeds {}", key.len(), s.limits.key_bytes_max)));
     }
@@ -508,24 +514,22 @@ async fn write_key(
 
 async fn put_key(
     State(s): State<AppState>,
-    Path((topic_name, _)): Path<(String, String)>,
     Query(q): Query<CommonQuery>,
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let value = Some(body.to_vec());
-    write_key(s, topic_name, q, uri, headers, Method::PUT, body, value).await
+    write_key(s, q, uri, headers, Method::PUT, body, value).await
 }
 
 async fn delete_key(
     State(s): State<AppState>,
-    Path((topic_name, _)): Path<(String, String)>,
     Query(q): Query<CommonQuery>,
     uri: Uri,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    write_key(s, topic_name, q, uri, headers, Method::DELETE, Bytes::new(), None).await
+    write_key(s, q, uri, headers, Method::DELETE, Bytes::new(), None).await
 }
 
 #[derive(Deserialize)]
@@ -674,14 +678,14 @@ async fn read_target(s: &AppState, record: &PartitionRecord) -> Result<u64, ApiE
 
 async fn get_key(
     State(s): State<AppState>,
-    Path((topic_name, _)): Path<(String, String)>,
     Query(q): Query<CommonQuery>,
     uri: Uri,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    let topic_name = topic_from_uri(&uri)?;
     let t = topic(&s, &topic_name)?;
     let mode = read_mode(&q)?;
-    let key = key_from_uri(&uri, &topic_name, q.key_encoding.as_deref())?;
+    let key = key_from_uri(&uri, q.key_encoding.as_deref())?;
     if key.len() > s.limits.key_bytes_max {
         return Err(ApiError::TooLarge(format!("key exceeds {} bytes", s.limits.key_bytes_max)));
     }

@@ -69,10 +69,10 @@ impl Router {
         if let Some(hosted) = self.node.group(record.group_id) {
             return self.node.leader_node(&hosted);
         }
-        if let Some((node, at)) = self.leaders.lock().ok()?.get(&record.group_id) {
-            if at.elapsed() < LEADER_CACHE_TTL {
-                return Some(*node);
-            }
+        if let Some((node, at)) = self.leaders.lock().ok()?.get(&record.group_id)
+            && at.elapsed() < LEADER_CACHE_TTL
+        {
+            return Some(*node);
         }
         let leader = self.ask_replicas_for_leader(record).await?;
         if let Ok(mut cache) = self.leaders.lock() {

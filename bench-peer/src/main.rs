@@ -171,20 +171,29 @@ async fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
-/// Creates the bucket (history 1, file storage, `--replicas` replicas, direct
-/// get), retrying while the JetStream cluster is still electing leaders.
+/// Creates the bucket's stream as `create_key_value` shapes it (history 1,
+/// file storage, `--replicas` replicas, direct get, rollup, discard new),
+/// retrying while the JetStream cluster is still electing leaders. The stream
+/// is created directly because `create_key_value` first reads the account
+/// info, whose 2.9 form (Debian's nats-server 2.9.10) this client cannot
+/// decode.
 async fn create_bucket(js: &jetstream::Context, args: &Args) -> Result<kv::Store, String> {
-    let config = kv::Config {
-        bucket: args.bucket.clone(),
-        history: 1,
-        num_replicas: args.replicas,
+    let config = jetstream::stream::Config {
+        name: format!("KV_{}", args.bucket),
+        subjects: vec![format!("$KV.{}.>", args.bucket)],
+        max_messages_per_subject: 1,
         storage: jetstream::stream::StorageType::File,
+        num_replicas: args.replicas,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        discard: jetstream::stream::DiscardPolicy::New,
         ..Default::default()
     };
     let deadline = Instant::now() + Duration::from_secs(args.ready_timeout_secs);
     loop {
-        match js.create_key_value(config.clone()).await {
-            Ok(store) => return Ok(store),
+        match js.get_or_create_stream(config.clone()).await {
+            Ok(_stream) => break,
             Err(e) if Instant::now() < deadline => {
                 eprintln!("bench-peer: bucket not created yet ({e}); retrying");
                 tokio::time::sleep(Duration::from_millis(500)).await;
@@ -192,6 +201,7 @@ async fn create_bucket(js: &jetstream::Context, args: &Args) -> Result<kv::Store
             Err(e) => return Err(format!("cannot create bucket {}: {e}", args.bucket)),
         }
     }
+    js.get_key_value(args.bucket.as_str()).await.map_err(|e| format!("bucket {}: {e}", args.bucket))
 }
 
 // ---------------------------------------------------------------- the driver

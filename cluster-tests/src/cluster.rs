@@ -5,7 +5,6 @@
 //! across restarts, with a marker line per launch). On failure the temp dir is kept and the tail
 //! of every log is printed.
 
-use std::fs::File;
 use std::fs::OpenOptions;
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -321,7 +320,7 @@ impl Cluster {
                 command.env_remove(&name);
             }
         }
-        command.env("RUST_BACKTRACE", "1").stdin(Stdio::null()).stdout(stdout).stderr(File::from(log));
+        command.env("RUST_BACKTRACE", "1").stdin(Stdio::null()).stdout(stdout).stderr(log);
         let child =
             command.spawn().map_err(|e| Error::io(format!("spawning {} for node {id}", binary.display()), e))?;
         *node.lock_child() = Some(child);

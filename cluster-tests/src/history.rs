@@ -15,6 +15,9 @@ use crate::client::Written;
 use crate::error::Error;
 use crate::error::Result;
 
+/// A partition's records by offset: `(key, value)`, `None` value for a tombstone.
+pub type PartitionLog = BTreeMap<u64, (Option<Vec<u8>>, Option<Vec<u8>>)>;
+
 /// The client's knowledge about one key.
 #[derive(Clone, Debug, Default)]
 pub struct KeyHistory {
@@ -122,7 +125,7 @@ impl History {
 
     /// Checks that fetched records of `partition` (offset -> key, value) hold every
     /// acknowledged write of that partition at its acknowledged offset; returns the failures.
-    pub fn check_log(&self, partition: u32, log: &BTreeMap<u64, (Option<Vec<u8>>, Option<Vec<u8>>)>) -> Vec<String> {
+    pub fn check_log(&self, partition: u32, log: &PartitionLog) -> Vec<String> {
         let mut failures = Vec::new();
         for ack in self.acks.iter().filter(|a| a.written.partition == partition) {
             let offset = ack.written.offset;
@@ -141,10 +144,7 @@ impl History {
 }
 
 /// Appends the records of one fetch page to `log`, decoding keys and values.
-pub fn collect_fetched(
-    page: &FetchResponse,
-    log: &mut BTreeMap<u64, (Option<Vec<u8>>, Option<Vec<u8>>)>,
-) -> Result<()> {
+pub fn collect_fetched(page: &FetchResponse, log: &mut PartitionLog) -> Result<()> {
     for record in &page.records {
         log.insert(record.offset, (page.bytes_of(&record.key)?, page.bytes_of(&record.value)?));
     }

@@ -60,7 +60,7 @@ where
 
 /// Status codes the design allows while the cluster settles (no leader, not caught up, timeout).
 pub fn is_transient_status(status: u16) -> bool {
-    matches!(status, 502 | 503 | 504)
+    matches!(status, 502..=504)
 }
 
 /// Sends a request until it gets an answer that is not transient (a 502/503/504 or no HTTP

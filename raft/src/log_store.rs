@@ -246,7 +246,7 @@ impl RaftLogStorage<TypeConfig> for GroupLogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState, std::io::Error> {
         let last_purged = self.get_msg::<pb::LogId>(TAG_PURGED)?.map(|l| wire::log_id_from_pb(&l));
-        let last = self.last_entry_log_id()?.or_else(|| last_purged.clone());
+        let last = self.last_entry_log_id()?.or(last_purged);
         Ok(LogState { last_purged_log_id: last_purged, last_log_id: last })
     }
 

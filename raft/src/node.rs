@@ -583,10 +583,10 @@ impl Node {
         tracing::info!(group, replica = hosted.replica_id, "partition replica removed");
         // Readers may still hold the partition; the data goes when they let go
         // (at once, usually), else the orphan sweep removes it.
-        if let Ok(h) = Arc::try_unwrap(hosted) {
-            if let Ok(p) = Arc::try_unwrap(h.partition) {
-                p.destroy()?;
-            }
+        if let Ok(h) = Arc::try_unwrap(hosted)
+            && let Ok(p) = Arc::try_unwrap(h.partition)
+        {
+            p.destroy()?;
         }
         Ok(())
     }

@@ -88,7 +88,7 @@ impl GroupStateMachine {
 
     pub fn for_controller(controller: Arc<Controller>) -> crate::Result<GroupStateMachine> {
         let state = controller
-            .with_state(|s| AppliedState { applied: s.applied.clone(), membership: s.membership.clone() })
+            .with_state(|s| AppliedState { applied: s.applied, membership: s.membership.clone() })
             .unwrap_or_default();
         let snapshots = SnapshotStore::open(controller.dir.join("snapshots"))?;
         Ok(GroupStateMachine::new(GroupData::Controller(controller), state, snapshots))
@@ -103,8 +103,7 @@ impl GroupStateMachine {
             GroupData::Partition(p) => p.snapshot_to(&staged, &self.state)?,
             GroupData::Controller(c) => c.state().save(&staged)?,
         }
-        let meta =
-            SnapshotMeta { last_log_id: self.state.applied.clone(), last_membership: self.state.membership.clone() };
+        let meta = SnapshotMeta { last_log_id: self.state.applied, last_membership: self.state.membership.clone() };
         Ok(SnapshotBuilder { snapshots: self.snapshots.clone(), staged, id, meta })
     }
 
@@ -112,14 +111,14 @@ impl GroupStateMachine {
         let mut batches = Vec::new();
         let mut batch_owner = Vec::with_capacity(entries.len());
         for (entry, _) in &entries {
-            self.state.applied = Some(entry.log_id.clone());
+            self.state.applied = Some(entry.log_id);
             match &entry.payload {
                 EntryPayload::Normal(pb::Command { kind: Some(pb::command::Kind::Produce(p)) }) => {
                     batch_owner.push(Some(batches.len()));
                     batches.push(p.batch.clone());
                 }
                 EntryPayload::Membership(m) => {
-                    self.state.membership = StoredMembership::new(Some(entry.log_id.clone()), m.clone());
+                    self.state.membership = StoredMembership::new(Some(entry.log_id), m.clone());
                     batch_owner.push(None);
                 }
                 _ => batch_owner.push(None),
@@ -155,13 +154,13 @@ impl GroupStateMachine {
         {
             let mut state = controller.state.write().map_err(|_| to_io("controller state lock poisoned"))?;
             for (entry, _) in &entries {
-                state.applied = Some(entry.log_id.clone());
+                state.applied = Some(entry.log_id);
                 let answer = match &entry.payload {
                     EntryPayload::Normal(pb::Command { kind: Some(pb::command::Kind::Controller(cmd)) }) => {
                         pb::command_response::Kind::Controller(state.apply(cmd))
                     }
                     EntryPayload::Membership(m) => {
-                        state.membership = StoredMembership::new(Some(entry.log_id.clone()), m.clone());
+                        state.membership = StoredMembership::new(Some(entry.log_id), m.clone());
                         pb::command_response::Kind::None(pb::Blank {})
                     }
                     _ => pb::command_response::Kind::None(pb::Blank {}),
@@ -169,7 +168,7 @@ impl GroupStateMachine {
                 answers.push(answer);
             }
             state.save(&controller.dir).map_err(to_io)?;
-            self.state = AppliedState { applied: state.applied.clone(), membership: state.membership.clone() };
+            self.state = AppliedState { applied: state.applied, membership: state.membership.clone() };
         }
         controller.changed.send_modify(|v| *v += 1);
         for ((_, responder), kind) in entries.into_iter().zip(answers) {
@@ -190,7 +189,7 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
     type SnapshotBuilder = SnapshotBuilder;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
-        Ok((self.state.applied.clone(), self.state.membership.clone()))
+        Ok((self.state.applied, self.state.membership.clone()))
     }
 
     async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
@@ -240,13 +239,12 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
             }
             GroupData::Controller(c) => {
                 let mut installed = ClusterState::load(&adopted.dir).map_err(to_io)?;
-                installed.applied = meta.last_log_id.clone();
+                installed.applied = meta.last_log_id;
                 installed.membership = meta.last_membership.clone();
                 installed.save(&c.dir).map_err(to_io)?;
                 *c.state.write().map_err(|_| to_io("controller state lock poisoned"))? = installed;
                 c.changed.send_modify(|v| *v += 1);
-                self.state =
-                    AppliedState { applied: meta.last_log_id.clone(), membership: meta.last_membership.clone() };
+                self.state = AppliedState { applied: meta.last_log_id, membership: meta.last_membership.clone() };
             }
         }
         tracing::info!(last_log_id = ?meta.last_log_id, "snapshot installed");
