@@ -110,6 +110,9 @@ impl ServeArgs {
             snapshot_every_entries: self.snapshot_every,
             log: LogConfig::default(),
             index: IndexConfig::default(),
+            // Outgoing node-to-node connections leave from the RPC listen IP
+            // (127.0.0.2 for a node listening there), unless it is a wildcard.
+            rpc_source_ip: Some(rpc_bound.ip()).filter(|ip| !ip.is_unspecified()),
             rpc_token: match &self.rpc_token_file {
                 Some(path) => Some(read_token(path)?),
                 None => None,

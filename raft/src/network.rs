@@ -99,16 +99,19 @@ pub type RaftClient = RaftServiceClient<tonic::service::interceptor::Intercepted
 pub struct ChannelPool {
     channels: Mutex<HashMap<String, Channel>>,
     token: TokenInterceptor,
+    /// Source address of outgoing connections (the node's own RPC IP), so a
+    /// fault-injecting proxy can tell the links between nodes apart.
+    local_ip: Option<std::net::IpAddr>,
 }
 
 impl ChannelPool {
     /// A pool whose requests carry `Authorization: Bearer <token>` when a token is given.
-    pub fn new(token: Option<&str>) -> Result<ChannelPool, String> {
+    pub fn new(token: Option<&str>, local_ip: Option<std::net::IpAddr>) -> Result<ChannelPool, String> {
         let header = match token {
             Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| "the rpc token is not valid ASCII".to_string())?),
             None => None,
         };
-        Ok(ChannelPool { channels: Mutex::new(HashMap::new()), token: TokenInterceptor { header } })
+        Ok(ChannelPool { channels: Mutex::new(HashMap::new()), token: TokenInterceptor { header }, local_ip })
     }
 
     pub fn client(&self, addr: &str) -> Result<RaftClient, tonic::transport::Error> {
@@ -121,6 +124,7 @@ impl ChannelPool {
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5))
+            .local_address(self.local_ip)
             .connect_lazy();
         channels.insert(addr.to_string(), channel.clone());
         Ok(RaftServiceClient::with_interceptor(channel, self.token.clone()))
