@@ -64,6 +64,9 @@ pub struct ServeArgs {
     /// Key lookups allowed per second from one client address (429 beyond). Default: unlimited.
     #[arg(long, env = "LOGDEX_LOOKUP_RATE_LIMIT")]
     pub lookup_rate_limit: Option<u32>,
+    /// How often compaction (cleanup.policy=compact) and retention (delete) run on each log, in ms.
+    #[arg(long, env = "LOGDEX_CLEANER_INTERVAL_MS", default_value_t = 30_000)]
+    pub cleaner_interval_ms: u64,
     /// Snapshot a group after this many applied entries; its Raft log is purged behind the snapshot.
     #[arg(long, env = "LOGDEX_SNAPSHOT_EVERY", default_value_t = logdex_raft::node::SNAPSHOT_EVERY_ENTRIES)]
     pub snapshot_every: u64,
@@ -112,6 +115,7 @@ impl ServeArgs {
             index: IndexConfig::default(),
             // Outgoing node-to-node connections leave from the RPC listen IP
             // (127.0.0.2 for a node listening there), unless it is a wildcard.
+            cleaner_interval_ms: self.cleaner_interval_ms,
             rpc_source_ip: Some(rpc_bound.ip()).filter(|ip| !ip.is_unspecified()),
             rpc_token: match &self.rpc_token_file {
                 Some(path) => Some(read_token(path)?),

@@ -71,6 +71,8 @@ pub struct NodeConfig {
     pub index: IndexConfig,
     /// Bearer token required on node-to-node RPC and sent with it, when set.
     pub rpc_token: Option<String>,
+    /// How often compaction and retention look at every hosted log.
+    pub cleaner_interval_ms: u64,
     /// Source IP of outgoing node-to-node connections, when set.
     pub rpc_source_ip: Option<std::net::IpAddr>,
 }
@@ -223,6 +225,8 @@ impl Node {
         tokio::spawn(async move { node.reconcile_loop().await });
         let node = self.clone();
         tokio::spawn(async move { node.checkpoint_loop().await });
+        let node = self.clone();
+        tokio::spawn(async move { node.cleaner_loop().await });
         Ok(())
     }
 
@@ -417,8 +421,47 @@ impl Node {
                 self.start_group(&state, &topic, record, replica).await?;
             }
         }
+        self.apply_topic_configs(&state);
         self.drive_moves(&state);
         self.sweep_orphans()
+    }
+
+    /// Pushes topic config changes (segment size and age, retention) to the hosted logs.
+    fn apply_topic_configs(&self, state: &ClusterState) {
+        for g in self.groups() {
+            let Some(topic) = state.topics.get(&g.topic) else { continue };
+            if let Err(e) = g.partition.set_log_config(topic.log_config(&self.inner.config.log)) {
+                tracing::warn!(group = g.group_id, error = %e, "cannot apply the topic config to the log");
+            }
+        }
+    }
+
+    /// Compaction and retention of every hosted replica, by its topic's cleanup policy.
+    async fn cleaner_loop(&self) {
+        let mut stop = self.inner.stop.subscribe();
+        let interval = Duration::from_millis(self.inner.config.cleaner_interval_ms);
+        let mut compacted_at: HashMap<GroupId, u64> = HashMap::new();
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = stop.changed() => return,
+            }
+            let state = self.cluster();
+            for g in self.groups() {
+                let Some(policy) = state.topics.get(&g.topic).map(|t| t.cleanup_policy()) else { continue };
+                let p = g.partition.clone();
+                let last = compacted_at.get(&g.group_id).copied();
+                let outcome = tokio::task::spawn_blocking(move || clean(&p, &policy, last)).await;
+                match outcome {
+                    Ok(Ok(Some(sealed))) => {
+                        compacted_at.insert(g.group_id, sealed);
+                    }
+                    Ok(Ok(None)) => {}
+                    Ok(Err(e)) => tracing::warn!(group = g.group_id, error = %e, "log cleaning failed"),
+                    Err(e) => tracing::warn!(group = g.group_id, error = %e, "log cleaning task failed"),
+                }
+            }
+        }
     }
 
     /// Starts a move driver for every moving partition this node leads.
@@ -536,8 +579,11 @@ impl Node {
     ) -> Result<()> {
         let group = record.group_id;
         let dir = self.partition_dir(group, replica);
-        let (partition, applied) =
-            Partition::open(group, replica, &dir, self.inner.config.log.clone(), self.inner.index.clone())?;
+        let log_config = state
+            .topics
+            .get(topic)
+            .map_or_else(|| self.inner.config.log.clone(), |t| t.log_config(&self.inner.config.log));
+        let (partition, applied) = Partition::open(group, replica, &dir, log_config, self.inner.index.clone())?;
         let partition = Arc::new(partition);
         let snapshots = SnapshotStore::open(dir.join("snapshots"))?;
         let sm = GroupStateMachine::new(GroupData::Partition(partition.clone()), applied, snapshots);
@@ -793,6 +839,35 @@ fn leader_node_of(raft: &Raft) -> Option<NodeId> {
     let m = crate::types::metrics_of(raft);
     let leader = m.current_leader?;
     m.membership_config.membership().get_node(&leader).map(|n| n.node_id)
+}
+
+/// One cleaning pass of a replica: retention under the `delete` policy, then
+/// compaction under `compact` when sealed data changed since the last pass
+/// (`last`, sealed bytes then). Returns the sealed bytes after compacting.
+fn clean(p: &Partition, policy: &crate::controller::CleanupPolicy, last: Option<u64>) -> Result<Option<u64>> {
+    let now = crate::state_machine::now_ms();
+    if policy.delete {
+        p.apply_retention(now)?;
+    }
+    if !policy.compact {
+        return Ok(None);
+    }
+    let sealed = p.sealed_bytes();
+    if sealed == 0 || last == Some(sealed) {
+        return Ok(None);
+    }
+    let horizon = now.saturating_sub(policy.delete_retention_ms) as i64;
+    let stats = p.compact(horizon)?;
+    if stats.records_removed > 0 {
+        tracing::info!(
+            group = p.group,
+            removed = stats.records_removed,
+            bytes_before = stats.bytes_before,
+            bytes_after = stats.bytes_after,
+            "compacted"
+        );
+    }
+    Ok(Some(p.sealed_bytes()))
 }
 
 async fn initialize_group(raft: Raft, members: BTreeMap<u64, pb::Node>, preferred: bool) {

@@ -302,6 +302,49 @@ impl Partition {
         Ok(records)
     }
 
+    /// Applies a topic config change to the segment log (segment size and age, retention).
+    pub fn set_log_config(&self, config: LogConfig) -> Result<()> {
+        let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
+        if *log.config() != config {
+            log.set_config(config)?;
+        }
+        Ok(())
+    }
+
+    /// Compacts sealed segments: a keyed record stays while the index still
+    /// points at it; tombstones stay until `tombstone_horizon_ms`. Offsets are
+    /// preserved, so every lookup answer is unchanged.
+    pub fn compact(&self, tombstone_horizon_ms: i64) -> Result<logdex_log::CompactStats> {
+        let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
+        let index = &self.index;
+        let replica = self.replica;
+        // An index error keeps the record: compaction may only ever keep too much.
+        let mut live = |key: &[u8], offset: Offset| match index.get(replica, key) {
+            Ok(Lookup::Found(o) | Lookup::Evicted(o)) => o == offset,
+            Ok(Lookup::NotFound) => false,
+            Err(_) => true,
+        };
+        Ok(log.compact(&mut live, tombstone_horizon_ms)?)
+    }
+
+    /// Deletes whole sealed segments past the retention limits and raises the
+    /// index's cleanup watermark to the new log start offset.
+    pub fn apply_retention(&self, now_ms: u64) -> Result<Offset> {
+        let start = {
+            let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
+            log.apply_retention(now_ms)?
+        };
+        if start > 0 {
+            self.index.set_watermark(self.replica, start)?;
+        }
+        Ok(start)
+    }
+
+    /// Sealed segment count and bytes, to decide whether compaction has new work.
+    pub fn sealed_bytes(&self) -> u64 {
+        self.log.read().map(|l| l.segments().iter().filter(|s| s.sealed).map(|s| s.size_bytes).sum()).unwrap_or(0)
+    }
+
     /// Removes this replica's files and index entries (the replica left this node).
     pub fn destroy(self) -> Result<()> {
         self.index.drop_group(self.replica)?;

@@ -203,10 +203,16 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
         if chunk.is_empty() {
             return Ok(());
         }
-        match self.data.clone() {
-            GroupData::Partition(p) => self.apply_partition(&p, chunk),
-            GroupData::Controller(c) => self.apply_controller(&c, chunk),
-        }
+        // Apply does blocking file and index writes and may wait for the log
+        // lock held by compaction: tell the runtime, so other tasks move on.
+        let multi_thread =
+            tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;
+        let data = self.data.clone();
+        let run = || match &data {
+            GroupData::Partition(p) => self.apply_partition(p, chunk),
+            GroupData::Controller(c) => self.apply_controller(c, chunk),
+        };
+        if multi_thread { tokio::task::block_in_place(run) } else { run() }
     }
 
     async fn try_create_snapshot_builder(&mut self, _force: bool) -> Option<Self::SnapshotBuilder> {
