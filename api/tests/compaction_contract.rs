@@ -88,8 +88,12 @@ async fn compaction_keeps_last_values_and_tombstones_across_restarts() -> TestRe
     // superseded records from the sealed segments.
     let mut kept = 0;
     for p in 0..2 {
-        let r: serde_json::Value =
-            http.get(format!("{url}/topics/c/partitions/{p}/records?offset=0&max_records=1000")).send().await?.json().await?;
+        let r: serde_json::Value = http
+            .get(format!("{url}/topics/c/partitions/{p}/records?offset=0&max_records=1000"))
+            .send()
+            .await?
+            .json()
+            .await?;
         kept += r["records"].as_array().map_or(0, Vec::len);
     }
     assert!(kept < 120, "compaction kept {kept} of 160 records");

@@ -207,7 +207,7 @@ impl Node {
     }
 
     /// A copy of the cluster metadata as this node's controller replica has applied it.
-    pub fn cluster(&self) -> ClusterState {
+    pub fn cluster(&self) -> Arc<ClusterState> {
         self.inner.controller.state()
     }
 

@@ -40,7 +40,8 @@ pub type SnapshotData = SnapshotFiles;
 /// The controller's replicated state and where it is persisted.
 pub struct Controller {
     dir: PathBuf,
-    state: RwLock<ClusterState>,
+    /// Copy-on-write: readers take the `Arc`, apply swaps in a new state.
+    state: RwLock<Arc<ClusterState>>,
     changed: tokio::sync::watch::Sender<u64>,
 }
 
@@ -49,11 +50,12 @@ impl Controller {
         std::fs::create_dir_all(&dir)?;
         let state = ClusterState::load(&dir)?;
         let (changed, _) = tokio::sync::watch::channel(0);
-        Ok(Arc::new(Controller { dir, state: RwLock::new(state), changed }))
+        Ok(Arc::new(Controller { dir, state: RwLock::new(Arc::new(state)), changed }))
     }
 
     /// A copy of the current state.
-    pub fn state(&self) -> ClusterState {
+    /// The current state (cheap: a shared reference).
+    pub fn state(&self) -> Arc<ClusterState> {
         self.state.read().map(|s| s.clone()).unwrap_or_default()
     }
 
@@ -152,7 +154,8 @@ impl GroupStateMachine {
     ) -> io::Result<()> {
         let mut answers = Vec::with_capacity(entries.len());
         {
-            let mut state = controller.state.write().map_err(|_| to_io("controller state lock poisoned"))?;
+            let mut guard = controller.state.write().map_err(|_| to_io("controller state lock poisoned"))?;
+            let state = Arc::make_mut(&mut guard);
             for (entry, _) in &entries {
                 state.applied = Some(entry.log_id);
                 let answer = match &entry.payload {
@@ -248,7 +251,7 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
                 installed.applied = meta.last_log_id;
                 installed.membership = meta.last_membership.clone();
                 installed.save(&c.dir).map_err(to_io)?;
-                *c.state.write().map_err(|_| to_io("controller state lock poisoned"))? = installed;
+                *c.state.write().map_err(|_| to_io("controller state lock poisoned"))? = Arc::new(installed);
                 c.changed.send_modify(|v| *v += 1);
                 self.state = AppliedState { applied: meta.last_log_id, membership: meta.last_membership.clone() };
             }
