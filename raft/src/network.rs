@@ -281,6 +281,37 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
         Ok(SnapshotResponse { vote: wire::vote_from_pb(&vote) })
     }
 
+    async fn transfer_leader(
+        &mut self,
+        req: openraft::raft::TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<openraft::raft::TransferLeaderResponse<TypeConfig>, RpcError> {
+        use openraft::raft::TransferLeaderError;
+        let request = pb::TransferLeaderRequest {
+            header: Some(self.header),
+            from_leader: Some(wire::vote_to_pb(req.from_leader())),
+            to_replica: *req.to_node_id(),
+            last_log_id: wire::opt_log_id_to_pb(req.last_log_id()),
+        };
+        let resp =
+            self.client()?.transfer_leader(with_deadline(request, &option)).await.map_err(unreachable)?.into_inner();
+        use pb::transfer_leader_response::Result as R;
+        let vote = |v: Option<pb::Vote>| v.map(|v| wire::vote_from_pb(&v));
+        match wire::required(resp.result, "TransferLeaderResponse", "result").map_err(unreachable)? {
+            R::Ok(_) => Ok(Ok(())),
+            R::VoteChanged(v) => {
+                let (Some(expected), Some(actual)) = (vote(v.expected_vote), vote(v.actual_vote)) else {
+                    return Err(unreachable("vote_changed without votes"));
+                };
+                Ok(Err(TransferLeaderError::VoteChanged { expected, actual }))
+            }
+            R::LogNotFlushed(v) => Ok(Err(TransferLeaderError::LogNotFlushed {
+                expected: wire::opt_log_id_from_pb(v.expected_log_id.as_ref()),
+                actual: wire::opt_log_id_from_pb(v.actual_log_id.as_ref()),
+            })),
+        }
+    }
+
     fn backoff(&self) -> Option<Backoff> {
         Some(Backoff::new(std::iter::successors(Some(Duration::from_millis(50)), |d| {
             Some((*d * 2).min(Duration::from_millis(1000)))

@@ -515,6 +515,19 @@ impl Node {
                 .map_err(Error::unavailable)?;
         }
         let wanted: std::collections::BTreeSet<u64> = target.iter().map(|r| r.replica_id).collect();
+        if !wanted.contains(&hosted.replica_id) {
+            // This leader leaves the group: hand leadership to the target's
+            // preferred replica first, which then drives the rest of the move.
+            if let Some(to) = target.first() {
+                tracing::info!(
+                    group = hosted.group_id,
+                    to = to.replica_id,
+                    "move: transferring leadership off a removed leader"
+                );
+                hosted.raft.trigger().transfer_leader(to.replica_id).await.map_err(Error::unavailable)?;
+                return Ok(());
+            }
+        }
         let membership = crate::types::metrics_of(&hosted.raft).membership_config.membership().clone();
         let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
         let learners_extra = membership.learner_ids().any(|l| !wanted.contains(&l));

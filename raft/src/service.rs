@@ -317,6 +317,37 @@ impl RaftService for Service {
         Ok(Response::new(pb::ReadIndexResponse { read_log_id: Some(pb::LogId { term, index }) }))
     }
 
+    async fn transfer_leader(
+        &self,
+        request: Request<pb::TransferLeaderRequest>,
+    ) -> Result<Response<pb::TransferLeaderResponse>, Status> {
+        use openraft::raft::TransferLeaderError;
+        use pb::transfer_leader_response::Result as R;
+        let req = request.into_inner();
+        let raft = self.raft_for(req.header)?;
+        let from =
+            wire::vote_from_pb(&wire::required(req.from_leader, "TransferLeaderRequest", "from_leader").map_err(bad)?);
+        let rpc = openraft::raft::TransferLeaderRequest::new(
+            from,
+            req.to_replica,
+            wire::opt_log_id_from_pb(req.last_log_id.as_ref()),
+        );
+        let result = match raft.handle_transfer_leader(rpc).await.map_err(fatal)? {
+            Ok(()) => R::Ok(pb::Blank {}),
+            Err(TransferLeaderError::VoteChanged { expected, actual }) => R::VoteChanged(pb::VoteAndLogIds {
+                expected_vote: Some(wire::vote_to_pb(&expected)),
+                actual_vote: Some(wire::vote_to_pb(&actual)),
+                ..Default::default()
+            }),
+            Err(TransferLeaderError::LogNotFlushed { expected, actual }) => R::LogNotFlushed(pb::VoteAndLogIds {
+                expected_log_id: wire::opt_log_id_to_pb(expected.as_ref()),
+                actual_log_id: wire::opt_log_id_to_pb(actual.as_ref()),
+                ..Default::default()
+            }),
+        };
+        Ok(Response::new(pb::TransferLeaderResponse { result: Some(result) }))
+    }
+
     async fn status(&self, _request: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
         Ok(Response::new(self.node.status()))
     }
