@@ -75,7 +75,7 @@ port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 wait_http() { # URL SECONDS
   local deadline=$((SECONDS + $2))
-  until curl -fsS -o /dev/null --max-time 2 "$1"; do
+  until curl -fs -o /dev/null --max-time 2 "$1" 2>/dev/null; do
     [ $SECONDS -lt $deadline ] || { echo "bench: $1 not ready after $2 s" >&2; return 1; }
     sleep 0.5
   done
@@ -205,7 +205,7 @@ echo
 if [ -s "$OUT/fjall.txt" ]; then
   echo
   echo "raw fjall floor (logdex-index benchmark, same machine, before the clusters started):"
-  grep -E '^\| (measure|---|random get)' "$OUT/fjall.txt" || true
+  grep -E '^\|( measure|---| random get)' "$OUT/fjall.txt" || true
 fi
 echo
 echo "bench: results in $RESULTS"

@@ -54,7 +54,9 @@ pub async fn dev(args: DevArgs) -> Result<(), String> {
             .map_err(|e| format!("cannot start node {i}: {e}"))?;
         children.push(child);
     }
-    println!("logdex dev cluster: {} nodes, data under {}", args.nodes, args.data_dir.display());
+    println!("starting {} nodes, data under {} ...", args.nodes, args.data_dir.display());
+    wait_ready(&mut children, &args).await?;
+    println!("logdex dev cluster: {} nodes ready, data under {}", args.nodes, args.data_dir.display());
     for i in 1..=args.nodes {
         println!(
             "  node {i}: http://127.0.0.1:{}  (log: {}/node-{i}/logdex.log)",
@@ -73,6 +75,37 @@ pub async fn dev(args: DevArgs) -> Result<(), String> {
     for mut child in children {
         if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_err() {
             let _ = child.kill().await;
+        }
+    }
+    Ok(())
+}
+
+/// Waits (bounded) until every node answers `/readyz`; fails, naming the node
+/// and its log, if one exits or never gets ready.
+async fn wait_ready(children: &mut [tokio::process::Child], args: &DevArgs) -> Result<(), String> {
+    let http = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    for (i, child) in children.iter_mut().enumerate() {
+        let n = i as u32 + 1;
+        let port = args.http_port.checked_add(i as u16).ok_or("port out of range")?;
+        let log = args.data_dir.join(format!("node-{n}")).join("logdex.log");
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!("node {n} exited ({status}); see {}", log.display()));
+            }
+            let ready = http
+                .get(format!("http://127.0.0.1:{port}/readyz"))
+                .timeout(Duration::from_secs(1))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            if ready {
+                break;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!("node {n} is not ready after 60 s; see {}", log.display()));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
     Ok(())

@@ -152,6 +152,9 @@ pub struct PartitionDescription {
     pub leader: Option<u64>,
     pub high_watermark: u64,
     pub log_start_offset: u64,
+    /// `{"target_replicas": [...], "state": "in_progress"}` while a move is in progress.
+    #[serde(default, rename = "move")]
+    pub move_state: Option<Value>,
 }
 
 impl TopicDescription {
@@ -301,9 +304,14 @@ pub struct Api {
 
 impl Api {
     pub fn new() -> Result<Api> {
+        Api::with_timeout(REQUEST_TIMEOUT)
+    }
+
+    /// A client whose every request is bounded by `timeout`.
+    pub fn with_timeout(timeout: Duration) -> Result<Api> {
         let http = reqwest::Client::builder()
             .no_proxy()
-            .timeout(REQUEST_TIMEOUT)
+            .timeout(timeout)
             .connect_timeout(CONNECT_TIMEOUT)
             // A fresh connection per request: nodes are killed and restarted on the same port,
             // and a pooled connection to a dead process would turn into a confusing error.

@@ -4,9 +4,16 @@
 //! `<temp dir>/node-<id>/`, and its stdout and stderr go to `<data dir>/node.log` (appended to
 //! across restarts, with a marker line per launch). On failure the temp dir is kept and the tail
 //! of every log is printed.
+//!
+//! [`Cluster::start`] runs every node on 127.0.0.1 with direct links. [`Cluster::start_with`]
+//! can put every node on its own loopback IP behind the fault [`Proxy`], add spare nodes that
+//! join later (`--join`), set Raft timings and snapshot frequency, and turn on the fsync trace
+//! that [`Cluster::power_loss`] uses.
 
 use std::fs::OpenOptions;
 use std::io::Write as _;
+use std::net::IpAddr;
+use std::net::Ipv4Addr;
 use std::net::SocketAddr;
 use std::net::TcpListener;
 use std::path::Path;
@@ -27,6 +34,9 @@ use crate::client::Api;
 use crate::client::TopicDescription;
 use crate::error::Error;
 use crate::error::Result;
+use crate::power;
+use crate::proxy::ProxiedNode;
+use crate::proxy::Proxy;
 use crate::support::Probe;
 use crate::support::poll_until;
 
@@ -41,6 +51,34 @@ const FAILURE_LOG_LINES: usize = 60;
 const LOG_LINE_CHARS_MAX: usize = 400;
 /// Set to keep the temp dir (data and logs) even when the test passes.
 pub const KEEP_ENV: &str = "LOGDEX_TEST_KEEP";
+/// Name of the fsync trace file in a node's data dir (see `raft/src/fsync_trace.rs`).
+pub const FSYNC_TRACE_FILE: &str = "fsync.trace";
+/// Node `i` of a proxied cluster listens on `127.0.0.(PROXIED_IP_BASE + i)`.
+const PROXIED_IP_BASE: u8 = 10;
+
+/// How to run a cluster; `ClusterOptions::plain(n)` is what [`Cluster::start`] uses.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterOptions {
+    /// Nodes started with the same `--peers` list.
+    pub nodes: usize,
+    /// Further nodes laid out (ports, proxy, data dir) but started later with `--join`.
+    pub spare_nodes: usize,
+    /// Every node on its own loopback IP, every node-to-node link through the fault proxy.
+    pub proxy: bool,
+    pub heartbeat_ms: Option<u64>,
+    pub election_timeout_ms: Option<u64>,
+    pub snapshot_every: Option<u64>,
+    /// Sets `LOGDEX_FSYNC_TRACE` for every node (needed by [`Cluster::power_loss`]).
+    pub fsync_trace: bool,
+    /// Seed of the proxy's random choices (delay jitter, losses).
+    pub seed: u64,
+}
+
+impl ClusterOptions {
+    pub fn plain(nodes: usize) -> ClusterOptions {
+        ClusterOptions { nodes, ..ClusterOptions::default() }
+    }
+}
 
 /// One cluster at a time per test binary: tests in a binary run on parallel threads, and
 /// several 3-node clusters at once would starve a 2-core machine into election storms.
@@ -64,6 +102,8 @@ pub struct Cluster {
     nodes: Vec<NodeProcess>,
     api: Api,
     keep_dir: bool,
+    options: ClusterOptions,
+    proxy: Option<Proxy>,
     _serial: OwnedMutexGuard<()>,
 }
 
@@ -77,25 +117,40 @@ struct NodeProcess {
     id: u64,
     http_addr: SocketAddr,
     rpc_addr: SocketAddr,
+    /// What peers dial: the proxy in front of `rpc_addr`, or `rpc_addr` itself.
+    advertised_rpc_addr: SocketAddr,
+    /// A spare node: starts with `--join` instead of `--peers`.
+    joins: bool,
     data_dir: PathBuf,
     log_path: PathBuf,
     /// The running process; behind a lock so liveness checks work through `&Cluster`.
     child: std::sync::Mutex<Option<Child>>,
+    /// Stopped with SIGSTOP and not yet continued.
+    paused: std::sync::atomic::AtomicBool,
     launches: u32,
 }
 
 impl Cluster {
     /// Starts `n` nodes with the same `--peers` list and waits until every `/readyz` answers 200.
     pub async fn start(n: usize) -> Result<Cluster> {
+        Cluster::start_with(ClusterOptions::plain(n)).await
+    }
+
+    /// Starts `options.nodes` nodes (spare nodes stay stopped until [`Cluster::start_spare`])
+    /// and waits until every started node's `/readyz` answers 200.
+    pub async fn start_with(options: ClusterOptions) -> Result<Cluster> {
+        let n = options.nodes;
         assert!(n >= 1, "a cluster has at least one node");
         let serial = SERIAL.clone().lock_owned().await;
         let binary = binary_path()?;
-        let (dir, nodes, peers) = layout(n)?;
-        let mut cluster = Cluster { binary, dir, peers, nodes, api: Api::new()?, keep_dir: false, _serial: serial };
+        let (dir, nodes, peers, proxy) = layout(&options)?;
+        let mut cluster =
+            Cluster { binary, dir, peers, nodes, api: Api::new()?, keep_dir: false, options, proxy, _serial: serial };
         let started = Instant::now();
         for attempt in 1..=START_ATTEMPTS {
+            let initial: Vec<u64> = cluster.nodes.iter().filter(|n| !n.joins).map(|n| n.id).collect();
             let outcome = match cluster.launch_all() {
-                Ok(()) => cluster.wait_ready(&cluster.node_ids(), READY_TIMEOUT).await,
+                Ok(()) => cluster.wait_ready(&initial, READY_TIMEOUT).await,
                 Err(e) => Err(e),
             };
             match outcome {
@@ -110,8 +165,8 @@ impl Cluster {
                 Err(e) if attempt < START_ATTEMPTS && cluster.any_log_says_address_in_use() => {
                     eprintln!("attempt {attempt}: a port was taken ({e}); retrying with fresh ports");
                     cluster.kill_all_quietly();
-                    let (dir, nodes, peers) = layout(n)?;
-                    (cluster.dir, cluster.nodes, cluster.peers) = (dir, nodes, peers);
+                    let (dir, nodes, peers, proxy) = layout(&cluster.options)?;
+                    (cluster.dir, cluster.nodes, cluster.peers, cluster.proxy) = (dir, nodes, peers, proxy);
                 }
                 Err(e) => {
                     cluster.report_failure(&e.to_string());
@@ -122,9 +177,112 @@ impl Cluster {
         Err(Error::Check(format!("could not start a cluster of {n} in {START_ATTEMPTS} attempts")))
     }
 
-    /// Node ids, 1..=n.
+    /// Node ids, 1..=n (spare nodes excluded until they were started once).
     pub fn node_ids(&self) -> Vec<u64> {
+        self.nodes.iter().filter(|n| !n.joins || n.launches > 0).map(|n| n.id).collect()
+    }
+
+    /// Every node id laid out, spare nodes included.
+    pub fn all_node_ids(&self) -> Vec<u64> {
         self.nodes.iter().map(|n| n.id).collect()
+    }
+
+    /// The fault proxy, when the cluster was started with `proxy: true`.
+    pub fn proxy(&self) -> Option<&Proxy> {
+        self.proxy.as_ref()
+    }
+
+    pub fn options(&self) -> &ClusterOptions {
+        &self.options
+    }
+
+    /// The temp dir holding every node's data dir and log (kept when a test fails).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Keeps the temp dir when the cluster is dropped, as after a failure.
+    pub fn keep(&mut self) {
+        self.keep_dir = true;
+    }
+
+    /// How many times node `id` was launched (a restart starts a new session on it).
+    pub fn launches(&self, id: u64) -> u32 {
+        self.node(id).launches
+    }
+
+    /// The process id of node `id`, when running.
+    pub fn pid(&self, id: u64) -> Option<u32> {
+        self.node(id).lock_child().as_ref().map(Child::id)
+    }
+
+    /// Stops node `id` with SIGSTOP (a process pause: no crash, no lost state).
+    pub fn pause(&self, id: u64) -> Result<()> {
+        self.check_alive(id)?;
+        self.signal(id, "-STOP")?;
+        self.node(id).paused.store(true, std::sync::atomic::Ordering::SeqCst);
+        eprintln!("node {id} paused (SIGSTOP)");
+        Ok(())
+    }
+
+    /// Continues node `id` after [`Cluster::pause`] (SIGCONT).
+    pub fn resume(&self, id: u64) -> Result<()> {
+        self.signal(id, "-CONT")?;
+        self.node(id).paused.store(false, std::sync::atomic::Ordering::SeqCst);
+        eprintln!("node {id} resumed (SIGCONT)");
+        Ok(())
+    }
+
+    /// Continues every paused node.
+    pub fn resume_all(&self) -> Result<()> {
+        for node in &self.nodes {
+            if node.paused.load(std::sync::atomic::Ordering::SeqCst) && node.lock_child().is_some() {
+                self.resume(node.id)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends a signal by pid with `kill(1)` (the workspace forbids `unsafe`, so no libc).
+    fn signal(&self, id: u64, signal: &str) -> Result<()> {
+        let pid = self.pid(id).ok_or_else(|| Error::Check(format!("node {id} is not running")))?;
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .map_err(|e| Error::io(format!("running kill {signal} {pid}"), e))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(Error::Check(format!("kill {signal} {pid} (node {id}) failed: {status}")))
+        }
+    }
+
+    /// Starts spare node `id` with `--join` through a running initial node, and waits for it.
+    pub async fn start_spare(&mut self, id: u64) -> Result<()> {
+        if !self.node(id).joins {
+            return Err(Error::Check(format!("node {id} is not a spare node")));
+        }
+        self.restart(id).await
+    }
+
+    /// Kills every node (SIGKILL), then cuts every file each node traced back to its last
+    /// recorded durable length, tearing the first page after it when `tear` (see `power.rs`).
+    /// Does not restart: call [`Cluster::restart_all`].
+    pub fn power_loss(&mut self, rng: &mut rand::rngs::StdRng, tear: bool) -> Result<power::PowerLossReport> {
+        if !self.options.fsync_trace {
+            return Err(Error::Check("power_loss needs a cluster started with fsync_trace".into()));
+        }
+        self.resume_all()?;
+        self.kill_all()?;
+        let mut report = power::PowerLossReport::default();
+        for node in &self.nodes {
+            let trace = node.data_dir.join(FSYNC_TRACE_FILE);
+            if trace.exists() {
+                report.add(power::cut_to_last_fsync(&node.data_dir, &trace, rng, tear)?);
+            }
+        }
+        eprintln!("power loss: {report}");
+        Ok(report)
     }
 
     /// Ids of the nodes whose process the harness has running (not killed).
@@ -156,6 +314,7 @@ impl Cluster {
             let _ = child.kill();
             child.wait().map_err(|e| Error::io(format!("reaping node {id}"), e))?;
         }
+        self.node(id).paused.store(false, std::sync::atomic::Ordering::SeqCst);
         eprintln!("node {id} killed (SIGKILL)");
         Ok(())
     }
@@ -171,6 +330,7 @@ impl Cluster {
                 let _ = child.kill();
                 killed.push((node.id, child));
             }
+            node.paused.store(false, std::sync::atomic::Ordering::SeqCst);
         }
         for (id, mut child) in killed {
             child.wait().map_err(|e| Error::io(format!("reaping node {id}"), e))?;
@@ -193,7 +353,12 @@ impl Cluster {
     /// Starts every stopped node again (all before waiting, so they can form a quorum) and
     /// waits until every node's `/readyz` answers 200.
     pub async fn restart_all(&mut self) -> Result<()> {
-        let stopped: Vec<u64> = self.nodes.iter().filter(|n| n.lock_child().is_none()).map(|n| n.id).collect();
+        let stopped: Vec<u64> = self
+            .nodes
+            .iter()
+            .filter(|n| n.lock_child().is_none() && (!n.joins || n.launches > 0))
+            .map(|n| n.id)
+            .collect();
         for &id in &stopped {
             self.launch(id)?;
         }
@@ -283,15 +448,27 @@ impl Cluster {
     }
 
     fn launch_all(&mut self) -> Result<()> {
-        for id in self.node_ids() {
+        let initial: Vec<u64> = self.nodes.iter().filter(|n| !n.joins).map(|n| n.id).collect();
+        for id in initial {
             self.launch(id)?;
         }
         Ok(())
     }
 
+    /// `--join` target of a spare node: the advertised RPC address of a running initial node.
+    fn join_target(&self) -> Result<SocketAddr> {
+        self.nodes
+            .iter()
+            .find(|n| !n.joins && n.lock_child().is_some())
+            .map(|n| n.advertised_rpc_addr)
+            .ok_or_else(|| Error::Check("no running node to join through".into()))
+    }
+
     fn launch(&mut self, id: u64) -> Result<()> {
         let binary = self.binary.clone();
         let peers = self.peers.clone();
+        let options = self.options.clone();
+        let join = if self.node(id).joins { Some(self.join_target()?) } else { None };
         let node = self.node_mut(id);
         if node.lock_child().is_some() {
             return Err(Error::Check(format!("node {id} is already running")));
@@ -311,14 +488,32 @@ impl Cluster {
             .arg("--data-dir")
             .arg(&node.data_dir)
             .args(["--http-addr", &node.http_addr.to_string()])
-            .args(["--rpc-addr", &node.rpc_addr.to_string()])
-            .args(["--peers", &peers]);
+            .args(["--rpc-addr", &node.rpc_addr.to_string()]);
+        match join {
+            Some(target) => command.args(["--join", &target.to_string()]),
+            None => command.args(["--peers", &peers]),
+        };
+        if node.advertised_rpc_addr != node.rpc_addr {
+            command.args(["--advertise-rpc-addr", &node.advertised_rpc_addr.to_string()]);
+        }
+        for (flag, value) in [
+            ("--heartbeat-ms", options.heartbeat_ms),
+            ("--election-timeout-ms", options.election_timeout_ms),
+            ("--snapshot-every", options.snapshot_every),
+        ] {
+            if let Some(value) = value {
+                command.args([flag, &value.to_string()]);
+            }
+        }
         // Every flag also reads LOGDEX_<FLAG>: keep ambient settings out, except the log filter.
         for (name, _) in std::env::vars_os() {
             let name_text = name.to_string_lossy();
             if name_text.starts_with("LOGDEX_") && name_text != "LOGDEX_LOG" {
                 command.env_remove(&name);
             }
+        }
+        if options.fsync_trace {
+            command.env("LOGDEX_FSYNC_TRACE", node.data_dir.join(FSYNC_TRACE_FILE));
         }
         command.env("RUST_BACKTRACE", "1").stdin(Stdio::null()).stdout(stdout).stderr(log);
         let child =
@@ -447,40 +642,67 @@ fn shorten(line: &str) -> String {
     }
 }
 
-/// A fresh temp dir, node directories and free ports for `n` nodes, and the `--peers` list.
-fn layout(n: usize) -> Result<(TempDir, Vec<NodeProcess>, String)> {
+/// A fresh temp dir, node directories, free ports (and proxy listeners) for every node, and
+/// the `--peers` list of the initial nodes.
+fn layout(options: &ClusterOptions) -> Result<(TempDir, Vec<NodeProcess>, String, Option<Proxy>)> {
     let dir = tempfile::Builder::new()
         .prefix("logdex-cluster-")
         .tempdir()
         .map_err(|e| Error::io("creating the cluster temp dir", e))?;
-    let ports = reserve_ports(2 * n)?;
-    let mut nodes = Vec::with_capacity(n);
-    for (i, pair) in ports.chunks(2).enumerate() {
+    let total = options.nodes + options.spare_nodes;
+    let mut nodes = Vec::with_capacity(total);
+    let mut proxied = Vec::new();
+    for i in 0..total {
         let id = i as u64 + 1;
+        let ip = if options.proxy {
+            IpAddr::V4(Ipv4Addr::new(127, 0, 0, PROXIED_IP_BASE + id as u8))
+        } else {
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        };
+        let ports = reserve_ports(ip, 2)?;
         let data_dir = dir.path().join(format!("node-{id}"));
         std::fs::create_dir_all(&data_dir).map_err(|e| Error::io(format!("creating {}", data_dir.display()), e))?;
+        let rpc_addr = SocketAddr::new(ip, ports[1]);
+        let advertised_rpc_addr = if options.proxy {
+            let listener = TcpListener::bind(SocketAddr::new(ip, 0))
+                .map_err(|e| Error::io(format!("binding a proxy listener on {ip}"), e))?;
+            let address = listener.local_addr().map_err(|e| Error::io("reading a proxy address", e))?;
+            proxied.push(ProxiedNode { id, listener, target: rpc_addr, ip });
+            address
+        } else {
+            rpc_addr
+        };
         nodes.push(NodeProcess {
             id,
-            http_addr: SocketAddr::from(([127, 0, 0, 1], pair[0])),
-            rpc_addr: SocketAddr::from(([127, 0, 0, 1], pair[1])),
+            http_addr: SocketAddr::new(ip, ports[0]),
+            rpc_addr,
+            advertised_rpc_addr,
+            joins: i >= options.nodes,
             log_path: data_dir.join("node.log"),
             data_dir,
             child: std::sync::Mutex::new(None),
+            paused: std::sync::atomic::AtomicBool::new(false),
             launches: 0,
         });
     }
-    let peers = nodes.iter().map(|n| format!("{}@{}", n.id, n.rpc_addr)).collect::<Vec<_>>().join(",");
-    Ok((dir, nodes, peers))
+    let peers = nodes
+        .iter()
+        .filter(|n| !n.joins)
+        .map(|n| format!("{}@{}", n.id, n.advertised_rpc_addr))
+        .collect::<Vec<_>>()
+        .join(",");
+    let proxy = if options.proxy { Some(Proxy::start(proxied, options.seed)?) } else { None };
+    Ok((dir, nodes, peers, proxy))
 }
 
-/// `count` distinct free loopback ports: bound together on port 0 (so the kernel hands out
+/// `count` distinct free ports on `ip`: bound together on port 0 (so the kernel hands out
 /// distinct ones), then released for the nodes to take. Another process can take one in
 /// between; `Cluster::start` retries with fresh ports when a node reports that.
-fn reserve_ports(count: usize) -> Result<Vec<u16>> {
+fn reserve_ports(ip: IpAddr, count: usize) -> Result<Vec<u16>> {
     let listeners = (0..count)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .map(|_| TcpListener::bind(SocketAddr::new(ip, 0)))
         .collect::<std::io::Result<Vec<_>>>()
-        .map_err(|e| Error::io("binding 127.0.0.1:0 to find free ports", e))?;
+        .map_err(|e| Error::io(format!("binding {ip}:0 to find free ports"), e))?;
     listeners
         .iter()
         .map(|l| l.local_addr().map(|a| a.port()))

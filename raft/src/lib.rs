@@ -13,6 +13,7 @@
 
 pub mod controller;
 pub mod error;
+pub mod fsync_trace;
 pub mod log_store;
 pub mod network;
 pub mod node;

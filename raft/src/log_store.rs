@@ -77,9 +77,10 @@ impl RaftLogDb {
         let poisoned = Arc::new(AtomicBool::new(false));
         let thread_db = db.clone();
         let thread_poisoned = poisoned.clone();
+        let thread_dir = path.to_path_buf();
         std::thread::Builder::new()
             .name("raft-log-sync".into())
-            .spawn(move || run_syncer(thread_db, rx, thread_poisoned))?;
+            .spawn(move || run_syncer(thread_db, &thread_dir, rx, thread_poisoned))?;
         Ok(Arc::new(RaftLogDb { db, ks, syncer, poisoned }))
     }
 
@@ -112,7 +113,7 @@ impl RaftLogDb {
     }
 }
 
-fn run_syncer(db: Database, rx: mpsc::Receiver<SyncJob>, poisoned: Arc<AtomicBool>) {
+fn run_syncer(db: Database, dir: &Path, rx: mpsc::Receiver<SyncJob>, poisoned: Arc<AtomicBool>) {
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         while let Ok(job) = rx.try_recv() {
@@ -123,9 +124,13 @@ fn run_syncer(db: Database, rx: mpsc::Receiver<SyncJob>, poisoned: Arc<AtomicBoo
         } else {
             db.persist(PersistMode::SyncData).map_err(|e| e.to_string())
         };
-        if let Err(e) = &result {
-            tracing::error!(error = %e, "raft log fsync failed; poisoning the raft log");
-            poisoned.store(true, Ordering::Release);
+        match &result {
+            // Test builds with LOGDEX_FSYNC_TRACE: record what is durable before acknowledging it.
+            Ok(()) => crate::fsync_trace::durable(&[dir]),
+            Err(e) => {
+                tracing::error!(error = %e, "raft log fsync failed; poisoning the raft log");
+                poisoned.store(true, Ordering::Release);
+            }
         }
         for job in jobs {
             match job {

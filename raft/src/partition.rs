@@ -255,6 +255,11 @@ impl Partition {
             log.next_offset()
         };
         self.index.persist()?;
+        // Test builds with LOGDEX_FSYNC_TRACE: the node's index journals (`<data>/index`,
+        // two levels above `<data>/partitions/<group>-<replica>`) and this replica's segments.
+        let index_dir = self.dir.parent().and_then(Path::parent).map(|data| data.join("index"));
+        let log_dir = self.dir.join("log");
+        crate::fsync_trace::durable(&[index_dir.as_deref().unwrap_or(&self.dir), &log_dir]);
         let Some(marker) = self.index.applied(self.replica)? else {
             return Ok(());
         };
