@@ -28,7 +28,7 @@ pub enum Command {
         #[command(flatten)]
         target: Target,
     },
-    /// Write a value for a key.
+    /// Write a value for a key (value `-` reads it from stdin).
     Put {
         topic: String,
         key: String,
@@ -53,6 +53,40 @@ pub enum Command {
     Del {
         topic: String,
         key: String,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Produce records from stdin, one per line: `key<TAB>value` (a line without a tab has no key).
+    Produce {
+        topic: String,
+        /// Records per request.
+        #[arg(long, default_value_t = 500)]
+        batch: usize,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Print a partition's records from an offset: `offset<TAB>key<TAB>value` per line.
+    Consume {
+        topic: String,
+        #[arg(long, default_value_t = 0)]
+        partition: u32,
+        #[arg(long, default_value_t = 0)]
+        offset: u64,
+        /// Stop after this many records.
+        #[arg(long)]
+        max: Option<u64>,
+        /// Keep polling for new records until Ctrl-C.
+        #[arg(long)]
+        follow: bool,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Move a partition's replicas to the given nodes (comma-separated ids; the first is the preferred leader).
+    Move {
+        topic: String,
+        partition: u32,
+        #[arg(value_delimiter = ',')]
+        nodes: Vec<u64>,
         #[command(flatten)]
         target: Target,
     },
@@ -82,6 +116,12 @@ pub enum TopicCommand {
     Describe { name: String },
     /// Delete a topic and its data on every node.
     Delete { name: String },
+    /// Change topic config (key=value, repeatable).
+    Alter {
+        name: String,
+        #[arg(long = "config", value_parser = parse_kv, required = true)]
+        config: Vec<(String, String)>,
+    },
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -89,10 +129,59 @@ pub struct Target {
     /// Any node's HTTP URL.
     #[arg(long, env = "LOGDEX_URL", default_value = "http://127.0.0.1:8080", global = true)]
     pub url: String,
+    /// Print the server's JSON instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Bearer token for a node started with --auth-token-file.
+    #[arg(long, env = "LOGDEX_TOKEN", global = true, hide_env_values = true)]
+    pub token: Option<String>,
 }
 
-fn parse_kv(s: &str) -> Result<(String, String), String> {
+pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {
     s.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).ok_or_else(|| format!("{s:?} is not key=value"))
+}
+
+/// Adds the settings of `serve --config FILE` (or `LOGDEX_CONFIG`) as flags,
+/// except those already given as flags or `LOGDEX_*` environment variables:
+/// flags win over the environment, which wins over the file.
+pub fn with_config_file(args: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString>, String> {
+    let text: Vec<String> = args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+    if text.get(1).map(String::as_str) != Some("serve") {
+        return Ok(args);
+    }
+    let from_flag = text.iter().enumerate().find_map(|(i, a)| {
+        a.strip_prefix("--config=")
+            .map(str::to_string)
+            .or_else(|| (a == "--config").then(|| text.get(i + 1).cloned()).flatten())
+    });
+    let Some(path) = from_flag.or_else(|| std::env::var("LOGDEX_CONFIG").ok()) else {
+        return Ok(args);
+    };
+    let body = std::fs::read_to_string(&path).map_err(|e| format!("cannot read config file {path}: {e}"))?;
+    let table: toml::Table = body.parse().map_err(|e| format!("config file {path} is not valid TOML: {e}"))?;
+    let mut out = args;
+    for (key, value) in table {
+        let flag = key.replace('_', "-");
+        let env = format!("LOGDEX_{}", flag.replace('-', "_").to_uppercase());
+        let given = text.iter().any(|a| *a == format!("--{flag}") || a.starts_with(&format!("--{flag}=")));
+        if given || std::env::var_os(&env).is_some() {
+            continue;
+        }
+        let value = match value {
+            toml::Value::String(s) => s,
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            toml::Value::Array(items) => items
+                .iter()
+                .map(|v| v.as_str().map_or_else(|| format!("{v:?}"), str::to_string))
+                .collect::<Vec<_>>()
+                .join(","),
+            other => return Err(format!("config key {key} has an unsupported value {other:?}")),
+        };
+        out.push(format!("--{flag}={value}").into());
+    }
+    Ok(out)
 }
 
 pub fn run(cli: Cli) -> Result<(), String> {
@@ -109,83 +198,47 @@ pub fn run(cli: Cli) -> Result<(), String> {
             Command::Serve(args) => crate::serve::serve(args).await,
             Command::Dev(args) => crate::dev::dev(args).await,
             Command::Bench(args) => crate::bench::run(args).await,
-            other => client(other).await,
+            other => crate::client::run(other).await,
         }
     })
 }
 
-fn encode_key(key: &str) -> String {
-    let mut out = String::with_capacity(key.len());
-    for b in key.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-async fn client(command: Command) -> Result<(), String> {
-    let http = reqwest::Client::new();
-    let send = |req: reqwest::RequestBuilder| async move {
-        let resp = req.send().await.map_err(|e| format!("request failed: {e}"))?;
-        let status = resp.status();
-        let headers = resp.headers().clone();
-        let body = resp.bytes().await.map_err(|e| format!("reading the answer: {e}"))?;
-        Ok::<_, String>((status, headers, body))
-    };
-    let (status, headers, body, verbose) = match command {
-        Command::Topic { command, target } => {
-            let base = target.url.trim_end_matches('/').to_string();
-            let req = match command {
-                TopicCommand::Create { name, partitions, replication_factor, config } => {
-                    let config: serde_json::Map<String, serde_json::Value> =
-                        config.into_iter().map(|(k, v)| (k, serde_json::Value::String(v))).collect();
-                    http.post(format!("{base}/topics")).json(&serde_json::json!({
-                        "name": name, "partitions": partitions, "replication_factor": replication_factor, "config": config,
-                    }))
-                }
-                TopicCommand::List => http.get(format!("{base}/topics")),
-                TopicCommand::Describe { name } => http.get(format!("{base}/topics/{name}")),
-                TopicCommand::Delete { name } => http.delete(format!("{base}/topics/{name}")),
-            };
-            let (s, h, b) = send(req).await?;
-            (s, h, b, false)
-        }
-        Command::Put { topic, key, value, target } => {
-            let url = format!("{}/kv/{topic}/{}", target.url.trim_end_matches('/'), encode_key(&key));
-            let (s, h, b) = send(http.put(url).body(value)).await?;
-            (s, h, b, false)
-        }
-        Command::Del { topic, key, target } => {
-            let url = format!("{}/kv/{topic}/{}", target.url.trim_end_matches('/'), encode_key(&key));
-            let (s, h, b) = send(http.delete(url)).await?;
-            (s, h, b, false)
-        }
-        Command::Get { topic, key, read, verbose, target } => {
-            let url = format!("{}/kv/{topic}/{}?read={read}", target.url.trim_end_matches('/'), encode_key(&key));
-            let (s, h, b) = send(http.get(url)).await?;
-            (s, h, b, verbose)
-        }
-        Command::Cluster { target } => {
-            let (s, h, b) = send(http.get(format!("{}/cluster", target.url.trim_end_matches('/')))).await?;
-            (s, h, b, false)
-        }
-        Command::Serve(_) | Command::Dev(_) | Command::Bench(_) => return Err("not a client command".into()),
-    };
-    if verbose {
-        for name in ["x-kv-partition", "x-kv-offset", "x-kv-high-watermark", "x-kv-node", "x-kv-timestamp"] {
-            if let Some(v) = headers.get(name).and_then(|v| v.to_str().ok()) {
-                eprintln!("{name}: {v}");
-            }
-        }
+    /// Settings of the file become flags; a flag given on the command line wins.
+    #[test]
+    fn config_file_fills_flags_that_were_not_given() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("logdex.toml");
+        std::fs::write(&path, "node-id = 7\nhttp_addr = \"127.0.0.1:1\"\nforward = false\n")?;
+        let args: Vec<std::ffi::OsString> =
+            ["logdex", "serve", "--config", &path.display().to_string(), "--http-addr", "127.0.0.1:2"]
+                .iter()
+                .map(Into::into)
+                .collect();
+        let out: Vec<String> = with_config_file(args)?.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+        assert!(out.contains(&"--node-id=7".to_string()), "{out:?}");
+        assert!(out.contains(&"--forward=false".to_string()), "{out:?}");
+        assert!(!out.iter().any(|a| a.contains("127.0.0.1:1")), "the flag must win: {out:?}");
+        let cli = Cli::try_parse_from(out)?;
+        let Some(Command::Serve(serve)) = cli.command else { return Err("not serve".into()) };
+        assert_eq!(serve.node_id, 7);
+        assert!(!serve.forward);
+        assert_eq!(serve.http_addr.to_string(), "127.0.0.1:2");
+        Ok(())
     }
-    use std::io::Write;
-    let mut stdout = std::io::stdout();
-    let _ = stdout.write_all(&body);
-    if !body.ends_with(b"\n") {
-        let _ = stdout.write_all(b"\n");
+
+    #[test]
+    fn invalid_config_file_is_a_clear_error() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, "node-id = [\n")?;
+        let args: Vec<std::ffi::OsString> =
+            ["logdex", "serve", "--config", &path.display().to_string()].iter().map(Into::into).collect();
+        let err = with_config_file(args).err().ok_or("accepted invalid TOML")?;
+        assert!(err.contains("not valid TOML"), "{err}");
+        Ok(())
     }
-    if status.is_success() { Ok(()) } else { Err(format!("server answered {status}")) }
 }

@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod cli;
+pub mod client;
 pub mod dev;
 pub mod error;
 pub mod grpc;

@@ -4,7 +4,14 @@
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    let cli = logdex_api::cli::Cli::parse();
+    let args = match logdex_api::cli::with_config_file(std::env::args_os().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("logdex: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let cli = logdex_api::cli::Cli::parse_from(args);
     match logdex_api::cli::run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

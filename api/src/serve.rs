@@ -17,6 +17,10 @@ use crate::routing::Router;
 /// Flags of `logdex serve`; each also reads `LOGDEX_<FLAG>` from the environment.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
+    /// TOML file of serve settings, keys named like the flags (`node-id = 1`,
+    /// `peers = "1@127.0.0.1:9091,..."`); flags and LOGDEX_* variables win over it.
+    #[arg(long, env = "LOGDEX_CONFIG")]
+    pub config: Option<PathBuf>,
     /// This node's id (1 or more), stable across restarts.
     #[arg(long, env = "LOGDEX_NODE_ID", default_value_t = 1)]
     pub node_id: u64,

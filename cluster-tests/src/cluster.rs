@@ -265,24 +265,59 @@ impl Cluster {
         self.restart(id).await
     }
 
-    /// Kills every node (SIGKILL), then cuts every file each node traced back to its last
-    /// recorded durable length, tearing the first page after it when `tear` (see `power.rs`).
-    /// Does not restart: call [`Cluster::restart_all`].
+    /// Power loss of every running node: see [`Cluster::power_loss_nodes`].
     pub fn power_loss(&mut self, rng: &mut rand::rngs::StdRng, tear: bool) -> Result<power::PowerLossReport> {
+        let ids = self.running_ids();
+        self.power_loss_nodes(&ids, rng, tear)
+    }
+
+    /// Kills nodes `ids` (SIGKILL, all signalled before any is reaped), then cuts every file
+    /// each traced back to its last recorded durable length, tearing the first page after it
+    /// when `tear` (see `power.rs`). Does not restart them.
+    pub fn power_loss_nodes(
+        &mut self,
+        ids: &[u64],
+        rng: &mut rand::rngs::StdRng,
+        tear: bool,
+    ) -> Result<power::PowerLossReport> {
         if !self.options.fsync_trace {
-            return Err(Error::Check("power_loss needs a cluster started with fsync_trace".into()));
+            return Err(Error::Check("power loss needs a cluster started with fsync_trace".into()));
         }
-        self.resume_all()?;
-        self.kill_all()?;
+        for &id in ids {
+            self.check_alive(id)?;
+        }
+        let mut killed = Vec::new();
+        for &id in ids {
+            let node = self.node(id);
+            if let Some(mut child) = node.lock_child().take() {
+                let _ = child.kill();
+                killed.push((id, child));
+            }
+            node.paused.store(false, std::sync::atomic::Ordering::SeqCst);
+        }
+        for (id, mut child) in killed {
+            child.wait().map_err(|e| Error::io(format!("reaping node {id}"), e))?;
+        }
         let mut report = power::PowerLossReport::default();
-        for node in &self.nodes {
+        for &id in ids {
+            let node = self.node(id);
             let trace = node.data_dir.join(FSYNC_TRACE_FILE);
             if trace.exists() {
                 report.add(power::cut_to_last_fsync(&node.data_dir, &trace, rng, tear)?);
             }
         }
-        eprintln!("power loss: {report}");
+        eprintln!("power loss of nodes {ids:?}: {report}");
         Ok(report)
+    }
+
+    /// Starts a stopped node without waiting for it (see [`Cluster::wait_all_ready`]).
+    pub fn launch_stopped(&mut self, id: u64) -> Result<()> {
+        self.launch(id)
+    }
+
+    /// Waits until nodes `ids` answer `/readyz` 200.
+    pub async fn wait_nodes_ready(&mut self, ids: &[u64]) -> Result<()> {
+        self.wait_ready(ids, READY_TIMEOUT).await
     }
 
     /// Ids of the nodes whose process the harness has running (not killed).

@@ -4,11 +4,14 @@
 //! The tests in `tests/` drive the built binary only (DESIGN.md section 12), never the
 //! server's crates. See README.md for how to run them, replay a seed and find node logs.
 
+pub mod chaos;
 pub mod client;
 pub mod cluster;
 pub mod error;
 pub mod history;
 pub mod murmur2;
+pub mod power;
+pub mod proxy;
 pub mod support;
 
 pub use client::Api;
@@ -19,6 +22,7 @@ pub use client::TopicDescription;
 pub use client::TopicSpec;
 pub use client::Written;
 pub use cluster::Cluster;
+pub use cluster::ClusterOptions;
 pub use error::Error;
 pub use error::Result;
 

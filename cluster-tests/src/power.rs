@@ -172,7 +172,14 @@ fn file_len(path: &Path) -> Result<u64> {
 
 /// Cuts `path` to `keep` bytes: a journal keeps its length (zeros after `keep`), a segment is
 /// truncated. With `tear`, part of the first lost page survives (see the module doc).
-fn cut_file(path: &Path, keep: u64, kind: Kind, rng: &mut StdRng, tear: bool, report: &mut PowerLossReport) -> Result<()> {
+fn cut_file(
+    path: &Path,
+    keep: u64,
+    kind: Kind,
+    rng: &mut StdRng,
+    tear: bool,
+    report: &mut PowerLossReport,
+) -> Result<()> {
     let io = |what: &str| {
         let what = format!("{what} {}", path.display());
         move |e| Error::io(what, e)

@@ -49,10 +49,15 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub enum Fault {
     Pass,
     /// Every chunk is held `base_ms` plus or minus up to `jitter_ms` (order kept, as TCP does).
-    Delay { base_ms: u64, jitter_ms: u64 },
+    Delay {
+        base_ms: u64,
+        jitter_ms: u64,
+    },
     /// Every chunk is lost with this probability and "retransmitted" after 200 ms, again
     /// and again up to 5 times: TCP over a lossy link, as latency spikes, never as holes.
-    Drop { percent: u8 },
+    Drop {
+        percent: u8,
+    },
     /// Bytes are silently discarded; connections stay open (a one-way cut when only one
     /// direction of a pair is blackholed: requests arrive, answers never do).
     Blackhole,

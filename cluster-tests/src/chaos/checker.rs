@@ -102,13 +102,19 @@ pub fn check_log(ops: &[Op], logs: &FinalLogs) -> Findings {
             match (&r.key, &r.value) {
                 (key, Some(v)) => located.entry(v.as_str()).or_default().push((*p, r.offset, key.as_deref())),
                 (Some(k), None) => tombstones.entry(k.as_str()).or_default().push((*p, r.offset)),
-                (None, None) => f.add(format!("partition {p} offset {}: a record with neither key nor value", r.offset)),
+                (None, None) => {
+                    f.add(format!("partition {p} offset {}: a record with neither key nor value", r.offset))
+                }
             }
         }
     }
     for (value, places) in &located {
         if places.len() > 1 {
-            f.add(format!("duplicate: value {value:?} is in the log {} times, at (partition, offset) {:?}", places.len(), places.iter().map(|(p, o, _)| (*p, *o)).collect::<Vec<_>>()));
+            f.add(format!(
+                "duplicate: value {value:?} is in the log {} times, at (partition, offset) {:?}",
+                places.len(),
+                places.iter().map(|(p, o, _)| (*p, *o)).collect::<Vec<_>>()
+            ));
         }
     }
     // Which op sent each value, and how many deletes each key may have.
@@ -120,14 +126,19 @@ pub fn check_log(ops: &[Op], logs: &FinalLogs) -> Findings {
                 Some(v) => {
                     sender.insert(v, (op, key));
                 }
-                None if !matches!(op.outcome, Outcome::Definite { .. }) => *deletes_possible.entry(key).or_default() += 1,
+                None if !matches!(op.outcome, Outcome::Definite { .. }) => {
+                    *deletes_possible.entry(key).or_default() += 1
+                }
                 None => {}
             }
         }
     }
     for (value, places) in &located {
         match sender.get(value) {
-            None => f.add(format!("phantom: value {value:?} at {:?} was never written", places.iter().map(|(p, o, _)| (*p, *o)).collect::<Vec<_>>())),
+            None => f.add(format!(
+                "phantom: value {value:?} at {:?} was never written",
+                places.iter().map(|(p, o, _)| (*p, *o)).collect::<Vec<_>>()
+            )),
             Some((op, key)) => {
                 for (p, o, k) in places {
                     if *k != Some(*key) {
@@ -136,7 +147,10 @@ pub fn check_log(ops: &[Op], logs: &FinalLogs) -> Findings {
                     if let Request::Produce { partition, .. } = &op.request
                         && partition != p
                     {
-                        f.add(format!("value {value:?} in partition {p}, but {} sent it to partition {partition}", op.brief()));
+                        f.add(format!(
+                            "value {value:?} in partition {p}, but {} sent it to partition {partition}",
+                            op.brief()
+                        ));
                     }
                 }
             }
@@ -145,7 +159,10 @@ pub fn check_log(ops: &[Op], logs: &FinalLogs) -> Findings {
     for (key, stones) in &tombstones {
         let possible = deletes_possible.get(key).copied().unwrap_or(0);
         if stones.len() > possible {
-            f.add(format!("duplicate: key {key:?} has {} tombstones at {stones:?} but only {possible} deletes may have happened", stones.len()));
+            f.add(format!(
+                "duplicate: key {key:?} has {} tombstones at {stones:?} but only {possible} deletes may have happened",
+                stones.len()
+            ));
         }
     }
     for op in ops.iter().filter(|o| o.is_write()) {
@@ -163,7 +180,12 @@ fn check_write(op: &Op, logs: &FinalLogs, located: &HashMap<&str, Vec<(u32, u64,
     match &op.outcome {
         Outcome::Written { partition, offsets } => {
             if offsets.len() != records.len() {
-                f.add(format!("acknowledged with {} offsets for {} records: {}", offsets.len(), records.len(), op.brief()));
+                f.add(format!(
+                    "acknowledged with {} offsets for {} records: {}",
+                    offsets.len(),
+                    records.len(),
+                    op.brief()
+                ));
                 return;
             }
             if offsets.windows(2).any(|w| w[1] != w[0] + 1) {
@@ -184,7 +206,11 @@ fn check_write(op: &Op, logs: &FinalLogs, located: &HashMap<&str, Vec<(u32, u64,
         Outcome::Definite { .. } => {
             for (_, value) in &records {
                 if let Some(places) = value.and_then(|v| located.get(v)) {
-                    f.add(format!("aborted write visible: a definitely failed write is in the log at {:?}: {}", places.iter().map(|(p, o, _)| (*p, *o)).collect::<Vec<_>>(), op.brief()));
+                    f.add(format!(
+                        "aborted write visible: a definitely failed write is in the log at {:?}: {}",
+                        places.iter().map(|(p, o, _)| (*p, *o)).collect::<Vec<_>>(),
+                        op.brief()
+                    ));
                 }
             }
         }
@@ -196,11 +222,17 @@ fn check_write(op: &Op, logs: &FinalLogs, located: &HashMap<&str, Vec<(u32, u64,
                     .collect();
                 let present = places.iter().filter(|p| p.is_some()).count();
                 if present != 0 && present != places.len() {
-                    f.add(format!("batch not atomic: {present} of {} records in the log: {}", places.len(), op.brief()));
-                } else if present == places.len() && places.windows(2).any(|w| match (w[0], w[1]) {
-                    (Some((p0, o0)), Some((p1, o1))) => p0 != p1 || o1 != o0 + 1,
-                    _ => false,
-                }) {
+                    f.add(format!(
+                        "batch not atomic: {present} of {} records in the log: {}",
+                        places.len(),
+                        op.brief()
+                    ));
+                } else if present == places.len()
+                    && places.windows(2).any(|w| match (w[0], w[1]) {
+                        (Some((p0, o0)), Some((p1, o1))) => p0 != p1 || o1 != o0 + 1,
+                        _ => false,
+                    })
+                {
                     f.add(format!("batch not contiguous in the log: {places:?}: {}", op.brief()));
                 }
             }
@@ -216,18 +248,27 @@ fn check_read_against_log(op: &Op, logs: &FinalLogs, f: &mut Findings) {
                 f.add(format!("dirty read: answer at offset {offset}, at or above the replica's high watermark {high_watermark}: {}", op.brief()));
             }
             let at = record_at(logs, *partition, *offset);
-            if !at.is_some_and(|r| r.key.as_deref() == Some(key.as_str()) && r.value.as_deref() == Some(value.as_str())) {
+            if !at.is_some_and(|r| r.key.as_deref() == Some(key.as_str()) && r.value.as_deref() == Some(value.as_str()))
+            {
                 f.add(format!("dirty read: read ({key:?}, {value:?}) at partition {partition} offset {offset}, the log holds {}: {}", show_record(at), op.brief()));
             }
         }
         (Request::Fetch { partition, .. }, Outcome::Fetched { records, high_watermark, .. }) => {
             for r in records {
                 if r.offset >= *high_watermark {
-                    f.add(format!("dirty read: fetched offset {} at or above the high watermark {high_watermark}: {}", r.offset, op.brief()));
+                    f.add(format!(
+                        "dirty read: fetched offset {} at or above the high watermark {high_watermark}: {}",
+                        r.offset,
+                        op.brief()
+                    ));
                 }
                 let at = record_at(logs, *partition, r.offset);
                 if at != Some(r) {
-                    f.add(format!("dirty read: fetched {r:?} from partition {partition}, the log holds {}: {}", show_record(at), op.brief()));
+                    f.add(format!(
+                        "dirty read: fetched {r:?} from partition {partition}, the log holds {}: {}",
+                        show_record(at),
+                        op.brief()
+                    ));
                     break;
                 }
             }
@@ -320,7 +361,11 @@ fn key_writes(ops: &[Op], logs: &FinalLogs) -> HashMap<String, KeyWrites> {
             if !registers.contains(key.as_str()) {
                 continue;
             }
-            let entry = out.entry(key.clone()).or_insert_with(|| KeyWrites { writes: Vec::new(), invoked: Vec::new(), acked: Vec::new() });
+            let entry = out.entry(key.clone()).or_insert_with(|| KeyWrites {
+                writes: Vec::new(),
+                invoked: Vec::new(),
+                acked: Vec::new(),
+            });
             let invoked = match &r.value {
                 Some(v) => put_invoked.get(v.as_str()).copied(),
                 None => delete_invoked.get(&(key.as_str(), r.offset)).copied(),
@@ -331,7 +376,9 @@ fn key_writes(ops: &[Op], logs: &FinalLogs) -> HashMap<String, KeyWrites> {
     }
     for (key, mut list) in acked {
         list.sort();
-        out.entry(key.to_string()).or_insert_with(|| KeyWrites { writes: Vec::new(), invoked: Vec::new(), acked: Vec::new() }).acked = list;
+        out.entry(key.to_string())
+            .or_insert_with(|| KeyWrites { writes: Vec::new(), invoked: Vec::new(), acked: Vec::new() })
+            .acked = list;
     }
     out
 }
@@ -348,9 +395,8 @@ fn feasible(kw: &KeyWrites, outcome: &Outcome, after: Option<u64>, before: Optio
             ok(q).then_some((q, q))
         }
         Outcome::NotFound { high_watermark, .. } => {
-            let candidates = std::iter::once(-1i64).chain(
-                kw.writes.iter().filter(|(o, v)| v.is_none() && o < high_watermark).map(|(o, _)| *o as i64),
-            );
+            let candidates = std::iter::once(-1i64)
+                .chain(kw.writes.iter().filter(|(o, v)| v.is_none() && o < high_watermark).map(|(o, _)| *o as i64));
             let fits: Vec<i64> = candidates.filter(|q| ok(*q)).collect();
             Some((*fits.iter().min()?, *fits.iter().max()?))
         }
@@ -378,16 +424,36 @@ pub fn check_key_reads(ops: &[Op], logs: &FinalLogs) -> Findings {
         };
         // Latest acknowledged write that completed before this read began.
         let after = kw.acked.iter().take_while(|(c, _)| *c < op.invoke).map(|(_, o)| *o).max();
-        let acked_op = after.and_then(|a| ops.iter().find(|w| w.is_write() && matches!(&w.outcome, Outcome::Written { offsets, .. } if offsets[0] == a) && sent(w).first().map(|s| s.0) == Some(key.as_str())));
+        let acked_op = after.and_then(|a| {
+            ops.iter().find(|w| {
+                w.is_write()
+                    && matches!(&w.outcome, Outcome::Written { offsets, .. } if offsets[0] == a)
+                    && sent(w).first().map(|s| s.0) == Some(key.as_str())
+            })
+        });
         // First write (in log order) invoked after this read returned.
-        let before = kw.writes.iter().zip(&kw.invoked).find(|(_, inv)| inv.is_some_and(|i| i > op.complete)).map(|((o, _), _)| *o);
+        let before = kw
+            .writes
+            .iter()
+            .zip(&kw.invoked)
+            .find(|(_, inv)| inv.is_some_and(|i| i > op.complete))
+            .map(|((o, _), _)| *o);
         match feasible(kw, &op.outcome, after, before) {
             Some((lo, hi)) => reads.entry(key).or_default().push((op, lo, hi)),
             None => {
                 let why = match (&op.outcome, after, before) {
-                    (Outcome::Found { offset, .. }, Some(a), _) if *offset < a => format!("stale read: returned offset {offset}, but the write at offset {a} was acknowledged before the read began ({})", acked_op.map(Op::brief).unwrap_or_default()),
-                    (Outcome::Found { offset, .. }, _, Some(b)) => format!("read from the future: returned offset {offset}, but the write at offset {b} was invoked after the read returned"),
-                    (_, a, b) => format!("stale read: no state of the key fits: acknowledged before the read began up to offset {a:?} ({}), first write invoked after it returned at {b:?}; writes of the key {:?}", acked_op.map(Op::brief).unwrap_or_default(), kw.writes),
+                    (Outcome::Found { offset, .. }, Some(a), _) if *offset < a => format!(
+                        "stale read: returned offset {offset}, but the write at offset {a} was acknowledged before the read began ({})",
+                        acked_op.map(Op::brief).unwrap_or_default()
+                    ),
+                    (Outcome::Found { offset, .. }, _, Some(b)) => format!(
+                        "read from the future: returned offset {offset}, but the write at offset {b} was invoked after the read returned"
+                    ),
+                    (_, a, b) => format!(
+                        "stale read: no state of the key fits: acknowledged before the read began up to offset {a:?} ({}), first write invoked after it returned at {b:?}; writes of the key {:?}",
+                        acked_op.map(Op::brief).unwrap_or_default(),
+                        kw.writes
+                    ),
                 };
                 f.add(format!("{why}: {}", op.brief()));
             }
@@ -441,7 +507,8 @@ pub fn check_sessions(ops: &[Op], logs: &FinalLogs) -> Findings {
         let mut cursor: HashMap<u32, (u64, &Op)> = HashMap::new();
         for op in list {
             let (partition, high_watermark) = match &op.outcome {
-                Outcome::Found { partition, high_watermark, .. } | Outcome::NotFound { partition, high_watermark, .. } => (*partition, *high_watermark),
+                Outcome::Found { partition, high_watermark, .. }
+                | Outcome::NotFound { partition, high_watermark, .. } => (*partition, *high_watermark),
                 Outcome::Fetched { high_watermark, .. } => match &op.request {
                     Request::Fetch { partition, .. } => (*partition, *high_watermark),
                     _ => continue,
@@ -476,13 +543,26 @@ pub fn check_sessions(ops: &[Op], logs: &FinalLogs) -> Findings {
                         && *offset == *expected
                         && records.first().is_some_and(|r| r.offset != *offset)
                     {
-                        f.add(format!("fetch skipped: after {} a fetch at {offset} began at offset {}: {}", earlier.brief(), records[0].offset, op.brief()));
+                        f.add(format!(
+                            "fetch skipped: after {} a fetch at {offset} began at offset {}: {}",
+                            earlier.brief(),
+                            records[0].offset,
+                            op.brief()
+                        ));
                     }
                     if records.first().is_some_and(|r| r.offset < *offset) {
-                        f.add(format!("fetch went back: asked from {offset}, got offset {}: {}", records[0].offset, op.brief()));
+                        f.add(format!(
+                            "fetch went back: asked from {offset}, got offset {}: {}",
+                            records[0].offset,
+                            op.brief()
+                        ));
                     }
                     if records.windows(2).any(|w| w[1].offset != w[0].offset + 1) {
-                        f.add(format!("fetch not contiguous: offsets {:?}: {}", records.iter().map(|r| r.offset).collect::<Vec<_>>(), op.brief()));
+                        f.add(format!(
+                            "fetch not contiguous: offsets {:?}: {}",
+                            records.iter().map(|r| r.offset).collect::<Vec<_>>(),
+                            op.brief()
+                        ));
                     }
                     let expected_next = records.last().map_or(*offset, |r| r.offset + 1);
                     if *next_offset != expected_next {
@@ -503,7 +583,10 @@ fn check_min_offset(op: &Op, kw: &KeyWrites, m: u64, f: &mut Findings) {
     match &op.outcome {
         Outcome::Found { offset, high_watermark, .. } => {
             if *high_watermark <= m || *offset < m {
-                f.add(format!("read-your-writes: min_offset {m} answered offset {offset} at high watermark {high_watermark}: {}", op.brief()));
+                f.add(format!(
+                    "read-your-writes: min_offset {m} answered offset {offset} at high watermark {high_watermark}: {}",
+                    op.brief()
+                ));
             }
         }
         Outcome::NotFound { high_watermark, .. } => {
@@ -607,7 +690,13 @@ mod tests {
         expect_fail(&ops, &phantom, "phantom");
 
         let mut batch = ops.clone();
-        batch.push(op(6, 5, (1, 2), Request::Produce { partition: 0, records: vec![("p1".into(), "x1".into()), ("p2".into(), "x2".into())] }, indeterminate()));
+        batch.push(op(
+            6,
+            5,
+            (1, 2),
+            Request::Produce { partition: 0, records: vec![("p1".into(), "x1".into()), ("p2".into(), "x2".into())] },
+            indeterminate(),
+        ));
         let mut half = logs.clone();
         half.get_mut(&0).expect("partition 0").push(rec(3, "p1", Some("x1")));
         expect_fail(&batch, &half, "batch not atomic");
@@ -615,7 +704,8 @@ mod tests {
         let mut order = ops.clone();
         order[1].outcome = written(0);
         order[0].outcome = written(1);
-        let swapped = FinalLogs::from([(0, vec![rec(0, "k", Some("b")), rec(1, "k", Some("a")), rec(2, "k", Some("c"))])]);
+        let swapped =
+            FinalLogs::from([(0, vec![rec(0, "k", Some("b")), rec(1, "k", Some("a")), rec(2, "k", Some("c"))])]);
         expect_fail(&order[..3], &swapped, "real-time order");
     }
 
@@ -637,7 +727,13 @@ mod tests {
         expect_fail(&future, "future");
 
         let mut stale_miss = ops.clone();
-        stale_miss.push(op(5, 4, (41, 42), get("k", ReadKind::Linearizable), Outcome::NotFound { partition: 0, high_watermark: 2, node: 1 }));
+        stale_miss.push(op(
+            5,
+            4,
+            (41, 42),
+            get("k", ReadKind::Linearizable),
+            Outcome::NotFound { partition: 0, high_watermark: 2, node: 1 },
+        ));
         expect_fail(&stale_miss, "stale read");
 
         // Both reads overlap every write's window, but the second began after the first returned.
@@ -666,7 +762,13 @@ mod tests {
         expect_fail(&back, "went back");
 
         let mut ryw = ops.clone();
-        ryw.push(op(5, 1, (41, 42), Request::Get { key: "k".into(), mode: ReadKind::Follower, min_offset: Some(1) }, found(0, "a", 2)));
+        ryw.push(op(
+            5,
+            1,
+            (41, 42),
+            Request::Get { key: "k".into(), mode: ReadKind::Follower, min_offset: Some(1) },
+            found(0, "a", 2),
+        ));
         expect_fail(&ryw, "read-your-writes");
 
         let fetch = |id, offset, records: Vec<LogRecord>, next| {

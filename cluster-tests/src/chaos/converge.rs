@@ -37,13 +37,21 @@ pub struct Converged {
 
 /// Every record of `partition` below its high watermark, fetched from `node`'s replica
 /// (`read=follower&forward=false`) or through the leader (`linearizable`).
-async fn fetch_all(cluster: &Cluster, node: u64, topic: &str, partition: u32, follower: bool) -> Result<(Vec<LogRecord>, u64)> {
+async fn fetch_all(
+    cluster: &Cluster,
+    node: u64,
+    topic: &str,
+    partition: u32,
+    follower: bool,
+) -> Result<(Vec<LogRecord>, u64)> {
     let base = cluster.url(node);
     let mode = if follower { "read=follower&forward=false" } else { "read=linearizable&forward=false" };
     let mut records = Vec::new();
     let mut offset = 0;
     for _ in 0..PAGES_MAX {
-        let url = format!("{base}/topics/{topic}/partitions/{partition}/records?offset={offset}&max_records={PAGE_RECORDS}&{mode}");
+        let url = format!(
+            "{base}/topics/{topic}/partitions/{partition}/records?offset={offset}&max_records={PAGE_RECORDS}&{mode}"
+        );
         let reply = cluster.api().get_url(&url).await?;
         reply.expect_status(200)?;
         let page: FetchResponse = reply.decode()?;
@@ -67,13 +75,14 @@ async fn fetch_all(cluster: &Cluster, node: u64, topic: &str, partition: u32, fo
 pub async fn converge(cluster: &Cluster, topic: &str, partitions: u32, rng: &mut StdRng) -> Result<Converged> {
     let mut findings = Findings::new("C4 convergence");
     let description = cluster.wait_for_leaders(topic, SETTLE_TIMEOUT).await?;
-    let description = poll_until("every partition move to finish", SETTLE_TIMEOUT, Duration::from_millis(500), || async {
-        let d = cluster.describe(topic).await?;
-        let moving = d.partitions.iter().filter(|p| p.move_state.is_some()).count();
-        Ok(if moving == 0 { Probe::Ready(d) } else { Probe::NotYet(format!("{moving} moving")) })
-    })
-    .await
-    .unwrap_or(description);
+    let description =
+        poll_until("every partition move to finish", SETTLE_TIMEOUT, Duration::from_millis(500), || async {
+            let d = cluster.describe(topic).await?;
+            let moving = d.partitions.iter().filter(|p| p.move_state.is_some()).count();
+            Ok(if moving == 0 { Probe::Ready(d) } else { Probe::NotYet(format!("{moving} moving")) })
+        })
+        .await
+        .unwrap_or(description);
     let mut logs = FinalLogs::new();
     let mut replicas = BTreeMap::new();
     for p in 0..partitions {
@@ -88,7 +97,11 @@ pub async fn converge(cluster: &Cluster, topic: &str, partitions: u32, rng: &mut
                     Ok(found) => found,
                     Err(e) => return Ok(Probe::NotYet(e.to_string())),
                 };
-                Ok(if replica_hw >= hw { Probe::Ready(records) } else { Probe::NotYet(format!("high watermark {replica_hw}")) })
+                Ok(if replica_hw >= hw {
+                    Probe::Ready(records)
+                } else {
+                    Probe::NotYet(format!("high watermark {replica_hw}"))
+                })
             })
             .await;
             match caught_up {
@@ -103,7 +116,14 @@ pub async fn converge(cluster: &Cluster, topic: &str, partitions: u32, rng: &mut
 }
 
 /// Records of `node`'s replica against the leader's.
-pub fn compare_logs(partition: u32, leader: u64, expected: &[LogRecord], node: u64, actual: &[LogRecord], findings: &mut Findings) {
+pub fn compare_logs(
+    partition: u32,
+    leader: u64,
+    expected: &[LogRecord],
+    node: u64,
+    actual: &[LogRecord],
+    findings: &mut Findings,
+) {
     if let Some(i) = (0..expected.len().max(actual.len())).find(|i| expected.get(*i) != actual.get(*i)) {
         findings.add(format!(
             "partition {partition}: node {node}'s replica differs from leader node {leader}'s at position {i}: {:?} vs {:?} ({} vs {} records)",

@@ -103,16 +103,38 @@ pub struct LogRecord {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Outcome {
     /// A write acknowledged: its offsets, in request order.
-    Written { partition: u32, offsets: Vec<u64> },
+    Written {
+        partition: u32,
+        offsets: Vec<u64>,
+    },
     /// A lookup hit.
-    Found { partition: u32, offset: u64, high_watermark: u64, node: u64, value: String },
+    Found {
+        partition: u32,
+        offset: u64,
+        high_watermark: u64,
+        node: u64,
+        value: String,
+    },
     /// A lookup miss (`key_not_found`): never written or tombstoned as of `high_watermark`.
-    NotFound { partition: u32, high_watermark: u64, node: u64 },
-    Fetched { records: Vec<LogRecord>, next_offset: u64, high_watermark: u64, node: u64 },
+    NotFound {
+        partition: u32,
+        high_watermark: u64,
+        node: u64,
+    },
+    Fetched {
+        records: Vec<LogRecord>,
+        next_offset: u64,
+        high_watermark: u64,
+        node: u64,
+    },
     /// Certainly did not happen.
-    Definite { reason: String },
+    Definite {
+        reason: String,
+    },
     /// May have happened.
-    Indeterminate { reason: String },
+    Indeterminate {
+        reason: String,
+    },
 }
 
 impl Outcome {
@@ -185,7 +207,9 @@ fn short(text: &str) -> String {
 
 fn read_failure(result: &Result<Reply, Error>) -> Outcome {
     match result {
-        Ok(reply) => Outcome::Indeterminate { reason: format!("{} {}", reply.status, reply.error_code().unwrap_or_default()) },
+        Ok(reply) => {
+            Outcome::Indeterminate { reason: format!("{} {}", reply.status, reply.error_code().unwrap_or_default()) }
+        }
         Err(e) if e.is_connect_failure() => Outcome::Definite { reason: "connect failed".into() },
         Err(e) => Outcome::Indeterminate { reason: short(&e.to_string()) },
     }
@@ -201,7 +225,9 @@ pub async fn execute(api: &Api, base: &str, topic: &str, request: &Request) -> O
             if !forward {
                 url.push_str("?forward=false");
             }
-            let result = api.request(reqwest::Method::PUT, &url, Some(crate::client::Body::Raw(value.clone().into_bytes()))).await;
+            let result = api
+                .request(reqwest::Method::PUT, &url, Some(crate::client::Body::Raw(value.clone().into_bytes())))
+                .await;
             written_single(&result)
         }
         Request::Delete { key } => {

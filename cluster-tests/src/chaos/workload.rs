@@ -242,8 +242,9 @@ impl Client {
             32..36 => Request::Delete { key: self.key() },
             36..50 => {
                 let count = self.rng.random_range(1..=5);
-                let records =
-                    (0..count).map(|i| (format!("p{}.{seq}.{i}", self.id), format!("v{}.{seq}.{i}", self.id))).collect();
+                let records = (0..count)
+                    .map(|i| (format!("p{}.{seq}.{i}", self.id), format!("v{}.{seq}.{i}", self.id)))
+                    .collect();
                 Request::Produce { partition: self.rng.random_range(0..self.partitions), records }
             }
             50..66 => Request::Get { key: self.key(), mode: ReadKind::Linearizable, min_offset: None },
@@ -271,7 +272,11 @@ impl Client {
     /// Updates the client's own view after an answer.
     fn learn(&mut self, node: u64, epoch: u64, request: &Request, outcome: &Outcome) {
         if outcome.is_ok() {
-            let counter = if matches!(outcome, Outcome::Written { .. }) { &self.state.acked_writes } else { &self.state.ok_reads };
+            let counter = if matches!(outcome, Outcome::Written { .. }) {
+                &self.state.acked_writes
+            } else {
+                &self.state.ok_reads
+            };
             counter.fetch_add(1, Ordering::Relaxed);
         }
         match (request, outcome) {

@@ -1,0 +1,371 @@
+//! The CLI's client commands: HTTP calls against any node, printed as tables
+//! (or the server's JSON with `--json`).
+
+use std::io::BufRead;
+use std::io::IsTerminal;
+use std::io::Write;
+use std::time::Duration;
+
+use serde_json::Value;
+use serde_json::json;
+
+use crate::cli::Command;
+use crate::cli::Target;
+use crate::cli::TopicCommand;
+
+/// Bound on one CLI request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long `consume --follow` waits between empty polls.
+const FOLLOW_POLL: Duration = Duration::from_millis(500);
+
+struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+struct Answer {
+    status: reqwest::StatusCode,
+    headers: reqwest::header::HeaderMap,
+    body: bytes::Bytes,
+}
+
+impl Answer {
+    fn json(&self) -> Result<Value, String> {
+        serde_json::from_slice(&self.body).map_err(|e| format!("the server answered non-JSON: {e}"))
+    }
+
+    /// The answer, or an error carrying the server's error code and message.
+    fn ok(self) -> Result<Answer, String> {
+        if self.status.is_success() {
+            return Ok(self);
+        }
+        let v: Value = serde_json::from_slice(&self.body).unwrap_or(Value::Null);
+        Err(format!(
+            "{} {}: {}",
+            self.status.as_u16(),
+            v["error"]["code"].as_str().unwrap_or("error"),
+            v["error"]["message"].as_str().unwrap_or("")
+        ))
+    }
+}
+
+impl Client {
+    fn new(target: &Target) -> Result<Client, String> {
+        let http = reqwest::Client::builder().timeout(REQUEST_TIMEOUT).build().map_err(|e| e.to_string())?;
+        Ok(Client { http, base: target.url.trim_end_matches('/').to_string(), token: target.token.clone() })
+    }
+
+    async fn send(&self, method: reqwest::Method, path: &str, body: Option<Vec<u8>>) -> Result<Answer, String> {
+        let mut req = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.header("content-type", "application/json").body(b);
+        }
+        let resp = req.send().await.map_err(|e| format!("cannot reach {}: {e}", self.base))?;
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let body = resp.bytes().await.map_err(|e| format!("reading the answer: {e}"))?;
+        Ok(Answer { status, headers, body })
+    }
+
+    async fn get(&self, path: &str) -> Result<Answer, String> {
+        self.send(reqwest::Method::GET, path, None).await
+    }
+
+    async fn json_call(&self, method: reqwest::Method, path: &str, body: &Value) -> Result<Answer, String> {
+        self.send(method, path, Some(body.to_string().into_bytes())).await
+    }
+}
+
+/// Percent-encodes a key for the URL path (unreserved bytes stay).
+pub fn encode_key(key: &[u8]) -> String {
+    let mut out = String::with_capacity(key.len());
+    for &b in key {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn print_json(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+/// Left-aligned columns separated by two spaces.
+fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(cell.len());
+            }
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let text: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect();
+        println!("{}", text.join("  ").trim_end());
+    };
+    line(header.iter().map(|h| h.to_string()).collect());
+    for row in rows {
+        line(row.clone());
+    }
+}
+
+fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        Value::Array(a) => a.iter().map(cell).collect::<Vec<_>>().join(","),
+        other => other.to_string(),
+    }
+}
+
+fn print_topic(v: &Value) {
+    println!(
+        "topic {}  replication factor {}  config {}",
+        cell(&v["name"]),
+        cell(&v["replication_factor"]),
+        v["config"]
+    );
+    let rows: Vec<Vec<String>> = v["partitions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let moving = p.get("move").map_or(String::new(), |m| format!("-> {}", cell(&m["target_replicas"])));
+            vec![
+                cell(&p["partition"]),
+                cell(&p["leader"]),
+                cell(&p["replicas"]),
+                cell(&p["high_watermark"]),
+                cell(&p["log_start_offset"]),
+                moving,
+            ]
+        })
+        .collect();
+    print_table(&["PARTITION", "LEADER", "REPLICAS", "HIGH WATERMARK", "LOG START", "MOVE"], &rows);
+}
+
+pub async fn run(command: Command) -> Result<(), String> {
+    match command {
+        Command::Topic { command, target } => topic(command, &target).await,
+        Command::Put { topic, key, value, target } => {
+            let value = if value == "-" {
+                let mut buf = Vec::new();
+                std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf).map_err(|e| e.to_string())?;
+                buf
+            } else {
+                value.into_bytes()
+            };
+            let c = Client::new(&target)?;
+            let path = format!("/kv/{topic}/{}", encode_key(key.as_bytes()));
+            let a = c.send(reqwest::Method::PUT, &path, Some(value)).await?.ok()?;
+            written(&a, target.json)
+        }
+        Command::Del { topic, key, target } => {
+            let c = Client::new(&target)?;
+            let path = format!("/kv/{topic}/{}", encode_key(key.as_bytes()));
+            let a = c.send(reqwest::Method::DELETE, &path, None).await?.ok()?;
+            written(&a, target.json)
+        }
+        Command::Get { topic, key, read, verbose, target } => {
+            let c = Client::new(&target)?;
+            let a = c.get(&format!("/kv/{topic}/{}?read={read}", encode_key(key.as_bytes()))).await?;
+            if verbose {
+                for name in ["x-kv-partition", "x-kv-offset", "x-kv-high-watermark", "x-kv-node", "x-kv-timestamp"] {
+                    if let Some(v) = a.headers.get(name).and_then(|v| v.to_str().ok()) {
+                        eprintln!("{name}: {v}");
+                    }
+                }
+            }
+            let a = a.ok()?;
+            let mut out = std::io::stdout();
+            out.write_all(&a.body).map_err(|e| e.to_string())?;
+            if out.is_terminal() {
+                println!();
+            }
+            Ok(())
+        }
+        Command::Produce { topic, batch, target } => produce(&topic, batch.clamp(1, 10_000), &target).await,
+        Command::Consume { topic, partition, offset, max, follow, target } => {
+            consume(&topic, partition, offset, max, follow, &target).await
+        }
+        Command::Move { topic, partition, nodes, target } => {
+            let c = Client::new(&target)?;
+            let path = format!("/topics/{topic}/partitions/{partition}/replicas");
+            let v = c.json_call(reqwest::Method::PUT, &path, &json!({ "replicas": nodes })).await?.ok()?.json()?;
+            if target.json {
+                print_json(&v)
+            } else {
+                print_topic(&v)
+            }
+            Ok(())
+        }
+        Command::Cluster { target } => {
+            let v = Client::new(&target)?.get("/cluster").await?.ok()?.json()?;
+            if target.json {
+                print_json(&v);
+                return Ok(());
+            }
+            println!("controller leader: node {}", cell(&v["controller_leader"]));
+            let rows: Vec<Vec<String>> = v["nodes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|n| {
+                    let count = |k: &str| n[k].as_array().map_or(0, Vec::len).to_string();
+                    vec![
+                        cell(&n["node_id"]),
+                        cell(&n["http_addr"]),
+                        cell(&n["rpc_addr"]),
+                        if n["alive"].as_bool() == Some(true) { "up".into() } else { "unreachable".into() },
+                        count("groups_hosted"),
+                        count("groups_led"),
+                    ]
+                })
+                .collect();
+            print_table(&["NODE", "HTTP", "RPC", "STATE", "HOSTS", "LEADS"], &rows);
+            Ok(())
+        }
+        Command::Serve(_) | Command::Dev(_) | Command::Bench(_) => Err("not a client command".into()),
+    }
+}
+
+fn written(a: &Answer, json_out: bool) -> Result<(), String> {
+    let v = a.json()?;
+    if json_out {
+        print_json(&v);
+    } else {
+        println!("partition {} offset {}", cell(&v["partition"]), cell(&v["offset"]));
+    }
+    Ok(())
+}
+
+async fn topic(command: TopicCommand, target: &Target) -> Result<(), String> {
+    let c = Client::new(target)?;
+    let v = match command {
+        TopicCommand::Create { name, partitions, replication_factor, config } => {
+            let config: serde_json::Map<String, Value> =
+                config.into_iter().map(|(k, v)| (k, Value::String(v))).collect();
+            let body = json!({ "name": name, "partitions": partitions, "replication_factor": replication_factor, "config": config });
+            c.json_call(reqwest::Method::POST, "/topics", &body).await?.ok()?.json()?
+        }
+        TopicCommand::List => {
+            let v = c.get("/topics").await?.ok()?.json()?;
+            if target.json {
+                print_json(&v);
+            } else {
+                for name in v["topics"].as_array().into_iter().flatten() {
+                    println!("{}", cell(name));
+                }
+            }
+            return Ok(());
+        }
+        TopicCommand::Describe { name } => c.get(&format!("/topics/{name}")).await?.ok()?.json()?,
+        TopicCommand::Delete { name } => {
+            let v = c.send(reqwest::Method::DELETE, &format!("/topics/{name}"), None).await?.ok()?.json()?;
+            if target.json {
+                print_json(&v)
+            } else {
+                println!("deleted {name}")
+            }
+            return Ok(());
+        }
+        TopicCommand::Alter { name, config } => {
+            let config: serde_json::Map<String, Value> =
+                config.into_iter().map(|(k, v)| (k, Value::String(v))).collect();
+            c.json_call(reqwest::Method::POST, &format!("/topics/{name}/config"), &json!({ "config": config }))
+                .await?
+                .ok()?
+                .json()?
+        }
+    };
+    if target.json {
+        print_json(&v)
+    } else {
+        print_topic(&v)
+    }
+    Ok(())
+}
+
+async fn produce(topic: &str, batch: usize, target: &Target) -> Result<(), String> {
+    let c = Client::new(target)?;
+    let progress = std::io::stderr().is_terminal();
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    let mut total = 0u64;
+    loop {
+        let mut records = Vec::with_capacity(batch);
+        for line in lines.by_ref().take(batch) {
+            let line = line.map_err(|e| format!("reading stdin: {e}"))?;
+            let record = match line.split_once('\t') {
+                Some((k, v)) => json!({ "key": k, "value": v }),
+                None => json!({ "value": line }),
+            };
+            records.push(record);
+        }
+        if records.is_empty() {
+            break;
+        }
+        let n = records.len() as u64;
+        let path = format!("/topics/{topic}/records");
+        c.json_call(reqwest::Method::POST, &path, &json!({ "records": records })).await?.ok()?;
+        total += n;
+        if progress {
+            eprint!("\rproduced {total} records");
+        }
+    }
+    if progress {
+        eprintln!();
+    }
+    println!("produced {total} records to {topic}");
+    Ok(())
+}
+
+async fn consume(
+    topic: &str,
+    partition: u32,
+    mut offset: u64,
+    max: Option<u64>,
+    follow: bool,
+    target: &Target,
+) -> Result<(), String> {
+    let c = Client::new(target)?;
+    let mut printed = 0u64;
+    let mut out = std::io::stdout().lock();
+    loop {
+        let want = max.map_or(500, |m| m.saturating_sub(printed).min(500));
+        if want == 0 {
+            return Ok(());
+        }
+        let path = format!("/topics/{topic}/partitions/{partition}/records?offset={offset}&max_records={want}");
+        let v = c.get(&path).await?.ok()?.json()?;
+        let records = v["records"].as_array().cloned().unwrap_or_default();
+        for r in &records {
+            if target.json {
+                writeln!(out, "{r}").map_err(|e| e.to_string())?;
+            } else {
+                writeln!(out, "{}\t{}\t{}", cell(&r["offset"]), cell(&r["key"]), cell(&r["value"]))
+                    .map_err(|e| e.to_string())?;
+            }
+            printed += 1;
+        }
+        out.flush().map_err(|e| e.to_string())?;
+        offset = v["next_offset"].as_u64().unwrap_or(offset);
+        if records.is_empty() {
+            if !follow {
+                return Ok(());
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(FOLLOW_POLL) => {}
+                _ = tokio::signal::ctrl_c() => return Ok(()),
+            }
+        }
+    }
+}
