@@ -68,6 +68,10 @@ pub struct ServeArgs {
     /// Key lookups allowed per second from one client address (429 beyond). Default: unlimited.
     #[arg(long, env = "LOGDEX_LOOKUP_RATE_LIMIT")]
     pub lookup_rate_limit: Option<u32>,
+    /// Controller voters at bootstrap: the lowest ids of --peers, at most this many (1 to 7);
+    /// the other nodes hold the cluster metadata as learners.
+    #[arg(long, env = "LOGDEX_CONTROLLER_VOTERS", default_value_t = logdex_raft::node::CONTROLLER_VOTERS_DEFAULT)]
+    pub controller_voters: usize,
     /// How often compaction (cleanup.policy=compact) and retention (delete) run on each log, in ms.
     #[arg(long, env = "LOGDEX_CLEANER_INTERVAL_MS", default_value_t = 30_000)]
     pub cleaner_interval_ms: u64,
@@ -120,6 +124,7 @@ impl ServeArgs {
             // Outgoing node-to-node connections leave from the RPC listen IP
             // (127.0.0.2 for a node listening there), unless it is a wildcard.
             cleaner_interval_ms: self.cleaner_interval_ms,
+            controller_voters: self.controller_voters,
             rpc_source_ip: Some(rpc_bound.ip()).filter(|ip| !ip.is_unspecified()),
             rpc_token: match &self.rpc_token_file {
                 Some(path) => Some(read_token(path)?),

@@ -39,8 +39,10 @@ use crate::types::Raft;
 use crate::types::ReplicaId;
 use crate::wire;
 
-/// Voters of the controller group at bootstrap: the lowest ids of the peer list.
-pub const CONTROLLER_VOTERS_MAX: usize = 3;
+/// Upper bound on controller voters (larger quorums only slow metadata writes).
+pub const CONTROLLER_VOTERS_MAX: usize = 7;
+/// Default number of controller voters.
+pub const CONTROLLER_VOTERS_DEFAULT: usize = 3;
 /// Default: a group snapshots after this many applied entries; its Raft log is
 /// then purged up to the snapshot, keeping a fifth of that behind it.
 pub const SNAPSHOT_EVERY_ENTRIES: u64 = 5000;
@@ -73,6 +75,9 @@ pub struct NodeConfig {
     pub rpc_token: Option<String>,
     /// How often compaction and retention look at every hosted log.
     pub cleaner_interval_ms: u64,
+    /// Voters of the controller group at bootstrap: the lowest ids of the peer
+    /// list, at most this many; the other nodes replicate it as learners.
+    pub controller_voters: usize,
     /// Source IP of outgoing node-to-node connections, when set.
     pub rpc_source_ip: Option<std::net::IpAddr>,
 }
@@ -247,7 +252,7 @@ impl Node {
         }
         let voters: BTreeMap<u64, pb::Node> = peers
             .iter()
-            .take(CONTROLLER_VOTERS_MAX)
+            .take(config.controller_voters.clamp(1, CONTROLLER_VOTERS_MAX))
             .map(|(id, addr)| (*id, pb::Node { node_id: *id, rpc_addr: addr.clone() }))
             .collect();
         tracing::info!(voters = ?voters.keys().collect::<Vec<_>>(), "initializing the controller group");
