@@ -854,41 +854,46 @@ async fn readyz(State(s): State<AppState>) -> Response {
 
 async fn metrics(State(s): State<AppState>) -> Response {
     use std::fmt::Write;
+    use std::sync::atomic::Ordering::Relaxed;
     let mut out = String::new();
     let node = s.router.node.node_id();
-    let _ = writeln!(out, "# HELP logdex_partition_high_watermark Offset after the last applied record.");
-    let _ = writeln!(out, "# TYPE logdex_partition_high_watermark gauge");
     let groups = s.router.node.groups();
-    for g in &groups {
-        let _ = writeln!(
-            out,
-            "logdex_partition_high_watermark{{node=\"{node}\",topic=\"{}\",partition=\"{}\"}} {}",
-            g.topic,
-            g.partition_no,
+    type Gauge = fn(&logdex_raft::node::HostedGroup) -> u64;
+    let series: [(&str, &str, &str, Gauge); 11] = [
+        ("logdex_partition_high_watermark", "gauge", "Offset after the last applied record.", |g| {
             g.partition.high_watermark()
-        );
-    }
-    let _ = writeln!(out, "# HELP logdex_partition_leader 1 when this node leads the partition.");
-    let _ = writeln!(out, "# TYPE logdex_partition_leader gauge");
-    for g in &groups {
-        let _ = writeln!(
-            out,
-            "logdex_partition_leader{{node=\"{node}\",topic=\"{}\",partition=\"{}\"}} {}",
-            g.topic,
-            g.partition_no,
-            u8::from(g.raft.is_leader())
-        );
-    }
-    let _ = writeln!(out, "# HELP logdex_partition_log_bytes Bytes of segment files.");
-    let _ = writeln!(out, "# TYPE logdex_partition_log_bytes gauge");
-    for g in &groups {
-        let _ = writeln!(
-            out,
-            "logdex_partition_log_bytes{{node=\"{node}\",topic=\"{}\",partition=\"{}\"}} {}",
-            g.topic,
-            g.partition_no,
-            g.partition.size_bytes()
-        );
+        }),
+        ("logdex_partition_log_start_offset", "gauge", "First readable offset.", |g| g.partition.log_start_offset()),
+        ("logdex_partition_leader", "gauge", "1 when this node leads the partition.", |g| {
+            u64::from(g.raft.is_leader())
+        }),
+        ("logdex_partition_applied_lag_entries", "gauge", "Raft entries appended but not yet applied.", |g| {
+            let m = logdex_raft::types::metrics_of(&g.raft);
+            m.last_log_index.unwrap_or(0).saturating_sub(m.last_applied.map_or(0, |l| l.index))
+        }),
+        ("logdex_partition_log_bytes", "gauge", "Bytes of segment files.", |g| g.partition.size_bytes()),
+        ("logdex_partition_segments", "gauge", "Segment files.", |g| g.partition.segment_count() as u64),
+        ("logdex_partition_index_keys", "gauge", "Approximate keys in the index.", |g| g.partition.index_keys()),
+        ("logdex_partition_compactions_total", "counter", "Compaction passes.", |g| {
+            g.partition.counters.compactions.load(Relaxed)
+        }),
+        ("logdex_partition_compacted_records_total", "counter", "Records removed by compaction.", |g| {
+            g.partition.counters.records_compacted.load(Relaxed)
+        }),
+        ("logdex_partition_snapshots_built_total", "counter", "Snapshots built.", |g| {
+            g.partition.counters.snapshots_built.load(Relaxed)
+        }),
+        ("logdex_partition_snapshots_installed_total", "counter", "Snapshots installed from a leader.", |g| {
+            g.partition.counters.snapshots_installed.load(Relaxed)
+        }),
+    ];
+    for (name, kind, help, value) in series {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for g in &groups {
+            let labels = format!("node=\"{node}\",topic=\"{}\",partition=\"{}\"", g.topic, g.partition_no);
+            let _ = writeln!(out, "{name}{{{labels}}} {}", value(g));
+        }
     }
     s.guard.metrics.render(&mut out);
     ([("content-type", "text/plain; version=0.0.4")], out).into_response()

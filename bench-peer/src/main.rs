@@ -377,7 +377,14 @@ impl Stats {
         self.latency.merge(&other.latency);
     }
 
-    fn report(&self, system: &str, workload: &str, read: Option<String>, concurrency: usize, elapsed: Duration) -> RunReport {
+    fn report(
+        &self,
+        system: &str,
+        workload: &str,
+        read: Option<String>,
+        concurrency: usize,
+        elapsed: Duration,
+    ) -> RunReport {
         let us = |q: f64| self.latency.quantile_ns(q) as f64 / 1000.0;
         let secs = elapsed.as_secs_f64();
         RunReport {

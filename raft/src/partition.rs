@@ -70,6 +70,17 @@ pub struct Partition {
     log: RwLock<Log>,
     index: Index,
     high_watermark: AtomicU64,
+    /// Counters for metrics.
+    pub counters: Counters,
+}
+
+/// Monotonic counters of one replica's background work, for metrics.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub compactions: AtomicU64,
+    pub records_compacted: AtomicU64,
+    pub snapshots_built: AtomicU64,
+    pub snapshots_installed: AtomicU64,
 }
 
 /// Applied state recorded with every index write, opaque to the index.
@@ -159,6 +170,7 @@ impl Partition {
             log: RwLock::new(log),
             index,
             high_watermark: AtomicU64::new(hw),
+            counters: Counters::default(),
         }
     }
 
@@ -178,6 +190,7 @@ impl Partition {
             log.next_offset()
         };
         let snapshot_state = Checkpoint { state: state.encode(), next_offset };
+        self.counters.snapshots_built.fetch_add(1, Ordering::Relaxed);
         write_file_durably(staged, SNAPSHOT_STATE_FILE, &serde_json::to_vec(&snapshot_state).unwrap_or_default())
     }
 
@@ -189,6 +202,7 @@ impl Partition {
         let (new_log, state) = install_files(self.replica, &self.dir, &self.log_config, &self.index, snapshot_dir)?;
         self.high_watermark.store(new_log.next_offset(), Ordering::Release);
         *log = new_log;
+        self.counters.snapshots_installed.fetch_add(1, Ordering::Relaxed);
         Ok(state)
     }
 
@@ -329,7 +343,10 @@ impl Partition {
             Ok(Lookup::NotFound) => false,
             Err(_) => true,
         };
-        Ok(log.compact(&mut live, tombstone_horizon_ms)?)
+        let stats = log.compact(&mut live, tombstone_horizon_ms)?;
+        self.counters.compactions.fetch_add(1, Ordering::Relaxed);
+        self.counters.records_compacted.fetch_add(stats.records_removed, Ordering::Relaxed);
+        Ok(stats)
     }
 
     /// Deletes whole sealed segments past the retention limits and raises the
@@ -343,6 +360,16 @@ impl Partition {
             self.index.set_watermark(self.replica, start)?;
         }
         Ok(start)
+    }
+
+    /// Number of segment files.
+    pub fn segment_count(&self) -> usize {
+        self.log.read().map(|l| l.segments().len()).unwrap_or(0)
+    }
+
+    /// Approximate number of live keys in this replica's index.
+    pub fn index_keys(&self) -> u64 {
+        self.index.key_count_estimate(self.replica).unwrap_or(0)
     }
 
     /// Sealed segment count and bytes, to decide whether compaction has new work.

@@ -623,7 +623,7 @@ mod tests {
     }
 
     fn get(key: &str, mode: ReadKind) -> Request {
-        Request::Get { key: key.into(), mode, min_offset: None }
+        Request::Get { key: key.into(), mode, min_offset: None, partition: None }
     }
 
     fn found(offset: u64, value: &str, hw: u64) -> Outcome {
@@ -766,7 +766,7 @@ mod tests {
             5,
             1,
             (41, 42),
-            Request::Get { key: "k".into(), mode: ReadKind::Follower, min_offset: Some(1) },
+            Request::Get { key: "k".into(), mode: ReadKind::Follower, min_offset: Some(1), partition: None },
             found(0, "a", 2),
         ));
         expect_fail(&ryw, "read-your-writes");

@@ -164,7 +164,12 @@ async fn compare_key_answers(
     for key in registers.into_iter().chain(sampled) {
         let (partition, want) = &expected[key];
         for &node in replicas.get(partition).map(Vec::as_slice).unwrap_or_default() {
-            let request = Request::Get { key: key.clone(), mode: ReadKind::Follower, min_offset: None };
+            let request = Request::Get {
+                key: key.clone(),
+                mode: ReadKind::Follower,
+                min_offset: None,
+                partition: Some(*partition),
+            };
             let outcome = execute(cluster.api(), &cluster.url(node), topic, &request).await;
             let same = match (&outcome, want) {
                 (Outcome::Found { offset, value, .. }, Some((o, v))) => offset == o && value == v,

@@ -56,6 +56,9 @@ pub enum Request {
         mode: ReadKind,
         /// Follower reads only: read-your-writes bound.
         min_offset: Option<u64>,
+        /// `?partition=`, for keys produced to a chosen partition (the convergence check).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        partition: Option<u32>,
     },
     /// A follower fetch from the asked node's own replica (`read=follower&forward=false`).
     Fetch {
@@ -244,10 +247,13 @@ pub async fn execute(api: &Api, base: &str, topic: &str, request: &Request) -> O
                 _ => classify_write_failure(&result),
             }
         }
-        Request::Get { key, mode, min_offset } => {
+        Request::Get { key, mode, min_offset, partition } => {
             let mut url = format!("{}?{}", kv_url(base, topic, key.as_bytes()), mode.query());
             if let Some(m) = min_offset {
                 url.push_str(&format!("&min_offset={m}"));
+            }
+            if let Some(p) = partition {
+                url.push_str(&format!("&partition={p}"));
             }
             let result = api.get_url(&url).await;
             match &result {

@@ -247,16 +247,16 @@ impl Client {
                     .collect();
                 Request::Produce { partition: self.rng.random_range(0..self.partitions), records }
             }
-            50..66 => Request::Get { key: self.key(), mode: ReadKind::Linearizable, min_offset: None },
-            66..70 => Request::Get { key: self.key(), mode: ReadKind::Strict, min_offset: None },
-            70..80 => Request::Get { key: self.key(), mode: ReadKind::Follower, min_offset: None },
+            50..66 => Request::Get { key: self.key(), mode: ReadKind::Linearizable, min_offset: None, partition: None },
+            66..70 => Request::Get { key: self.key(), mode: ReadKind::Strict, min_offset: None, partition: None },
+            70..80 => Request::Get { key: self.key(), mode: ReadKind::Follower, min_offset: None, partition: None },
             80..90 if !self.own_writes.is_empty() => {
                 let keys: Vec<&String> = self.own_writes.keys().collect();
                 let key = keys[self.rng.random_range(0..keys.len())].clone();
                 let min_offset = self.own_writes.get(&key).copied();
-                Request::Get { key, mode: ReadKind::Follower, min_offset }
+                Request::Get { key, mode: ReadKind::Follower, min_offset, partition: None }
             }
-            80..90 => Request::Get { key: self.key(), mode: ReadKind::Follower, min_offset: None },
+            80..90 => Request::Get { key: self.key(), mode: ReadKind::Follower, min_offset: None, partition: None },
             _ => {
                 let partition = self.rng.random_range(0..self.partitions);
                 let epoch = self.state.epoch(node);
