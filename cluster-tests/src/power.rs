@@ -16,10 +16,10 @@
 //! - Nothing else is touched: fjall's tables, manifests and version files, seek files,
 //!   `checkpoint.json` and `controller.json` are fsynced (or rebuilt) by their writers.
 //!
-//! Tearing keeps a random prefix of the lost bytes of the first page after the durable length
-//! (the disk wrote part of the page before the power went), and for segment files overwrites
-//! the end of that prefix with random bytes (a torn sector). Bytes below the durable length are
-//! never changed.
+//! Tearing keeps the lost bytes of the first page after the durable length up to a random
+//! 512-byte sector boundary (the disk wrote some sectors of the page before the power went),
+//! and for segment files overwrites the end of that prefix with random bytes (a sector written
+//! with garbage). Bytes below the durable length are never changed.
 //!
 //! Limitation: fsyncs of the index journal outside checkpoints (an index rebuild, a snapshot
 //! install, cleanup after a replica was dropped) are not traced; a power loss within a second
@@ -42,6 +42,8 @@ use crate::error::Error;
 use crate::error::Result;
 
 const PAGE_BYTES: u64 = 4096;
+/// A torn page keeps whole sectors.
+const SECTOR_BYTES: u64 = 512;
 /// Bytes of a torn segment page overwritten with garbage, at most.
 const GARBAGE_BYTES_MAX: u64 = 512;
 
@@ -195,8 +197,11 @@ fn cut_file(
     if tear {
         file.seek(SeekFrom::Start(keep)).map_err(io("seeking"))?;
         file.read_exact(&mut survivor).map_err(io("reading"))?;
-        let kept = rng.random_range(0..=survivor.len());
-        survivor.truncate(kept);
+        // The disk wrote whole sectors of the page before the power went: keep a prefix
+        // ending on a sector boundary (or the written data's end).
+        let sectors = (page_end - keep).div_ceil(SECTOR_BYTES);
+        let kept_end = (keep / SECTOR_BYTES + rng.random_range(0..=sectors)) * SECTOR_BYTES;
+        survivor.truncate(kept_end.saturating_sub(keep).min(survivor.len() as u64) as usize);
         if kind == Kind::Segment && !survivor.is_empty() {
             let garbage = rng.random_range(1..=GARBAGE_BYTES_MAX.min(survivor.len() as u64)) as usize;
             let from = survivor.len() - garbage;
@@ -205,6 +210,8 @@ fn cut_file(
     } else {
         survivor.clear();
     }
+    // A journal is preallocated with zeros: only its written bytes count as lost.
+    let written_end = if kind == Kind::Journal { written_end(&mut file, keep, len).map_err(io("scanning"))? } else { len };
     file.set_len(keep).map_err(io("truncating"))?;
     if !survivor.is_empty() {
         file.seek(SeekFrom::Start(keep)).map_err(io("seeking"))?;
@@ -217,9 +224,31 @@ fn cut_file(
     }
     file.sync_all().map_err(io("syncing"))?;
     report.files_cut += 1;
-    report.bytes_lost += len - keep - survivor.len() as u64;
+    report.bytes_lost += written_end.saturating_sub(keep + survivor.len() as u64);
     report.cuts.push((path.to_path_buf(), len, keep));
     Ok(())
+}
+
+/// The end of the last non-zero byte at or after `from` (a journal is written sequentially
+/// into zeros; the scan stops at the first 64 KiB of zeros).
+fn written_end(file: &mut std::fs::File, from: u64, len: u64) -> std::io::Result<u64> {
+    const CHUNK: usize = 64 * 1024;
+    let mut buffer = vec![0u8; CHUNK];
+    let mut position = from;
+    let mut end = from;
+    file.seek(SeekFrom::Start(from))?;
+    while position < len {
+        let read = file.read(&mut buffer)?;
+        if read == 0 {
+            break;
+        }
+        match buffer[..read].iter().rposition(|b| *b != 0) {
+            Some(last) => end = position + last as u64 + 1,
+            None => break,
+        }
+        position += read as u64;
+    }
+    Ok(end)
 }
 
 #[cfg(test)]

@@ -270,6 +270,9 @@ async fn run_on(cluster: &mut Cluster, s: &Scenario, seed: u64, rng: &mut StdRng
     let report = report(s, seed, &ops, &events, &converged.logs, &findings);
     eprintln!("{report}");
     if findings.iter().all(Findings::is_ok) {
+        if std::env::var_os(crate::cluster::KEEP_ENV).is_some() {
+            artifacts.save(&ops, &events, Some(&converged.logs), &report);
+        }
         return Ok(());
     }
     artifacts.save(&ops, &events, Some(&converged.logs), &report);
@@ -558,6 +561,21 @@ fn report(s: &Scenario, seed: u64, ops: &[Op], events: &[Event], logs: &FinalLog
     let _ = writeln!(out, "operations: {} in total; final logs hold {records} records", ops.len());
     for ((kind, outcome), n) in &counts {
         let _ = writeln!(out, "  {kind:26} {outcome:17} {n}");
+    }
+    let start = events.iter().find(|e| e.kind == EventKind::Fault).map_or(u64::MAX, |e| e.at);
+    let end = events.iter().filter(|e| e.kind == EventKind::Heal).map(|e| e.at).max().unwrap_or(start).max(start);
+    let last = ops.iter().map(|o| o.complete).max().unwrap_or(0);
+    let mut phases = [(0u64, 0u64); 3];
+    for op in ops.iter().filter(|o| matches!(o.outcome, Outcome::Written { .. })) {
+        let phase = if op.invoke < start { 0 } else if op.invoke < end { 1 } else { 2 };
+        phases[phase].0 += 1;
+    }
+    let spans = [start.min(last), end.min(last).saturating_sub(start.min(last)), last.saturating_sub(end.min(last))];
+    for (i, name) in ["before the faults", "during the faults", "after the last heal"].iter().enumerate() {
+        phases[i].1 = spans[i];
+        let seconds = spans[i] as f64 / 1e9;
+        let rate = if seconds > 0.0 { phases[i].0 as f64 / seconds } else { 0.0 };
+        let _ = writeln!(out, "acknowledged writes {name}: {} in {seconds:.1}s ({rate:.1}/s)", phases[i].0);
     }
     let _ = writeln!(out, "faults: {} events", events.len());
     for e in events.iter().filter(|e| e.kind == EventKind::Fault) {

@@ -104,9 +104,20 @@ impl RunState {
         }
     }
 
-    fn pick_node(&self, rng: &mut StdRng) -> (u64, String) {
+    /// A random node; one in `suspects` (it left an operation unanswered lately) only one
+    /// time in twenty, as a client with a circuit breaker would, so a cut-off node still sees
+    /// some traffic.
+    fn pick_node(&self, rng: &mut StdRng, suspects: &HashMap<u64, Instant>) -> (u64, String) {
         let nodes = self.nodes.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-        nodes[rng.random_range(0..nodes.len())].clone()
+        let mut pick = nodes[rng.random_range(0..nodes.len())].clone();
+        for _ in 0..3 {
+            let suspect = suspects.get(&pick.0).is_some_and(|until| Instant::now() < *until);
+            if !suspect || rng.random_bool(0.05) {
+                break;
+            }
+            pick = nodes[rng.random_range(0..nodes.len())].clone();
+        }
+        pick
     }
 }
 
@@ -137,6 +148,7 @@ impl Workload {
                     rng: StdRng::seed_from_u64(rng.random()),
                     own_writes: HashMap::new(),
                     cursors: HashMap::new(),
+                    suspects: HashMap::new(),
                     ops: Vec::new(),
                 };
                 tokio::spawn(client.run())
@@ -189,8 +201,13 @@ struct Client {
     own_writes: HashMap<String, u64>,
     /// Sequential fetch cursors: (node, partition) -> (node generation, next offset).
     cursors: HashMap<(u64, u32), (u64, u64)>,
+    /// Nodes that lately left an operation without an answer, until when they are avoided.
+    suspects: HashMap<u64, Instant>,
     ops: Vec<Op>,
 }
+
+/// How long a node that timed out is mostly avoided.
+const SUSPECT_FOR: Duration = Duration::from_secs(5);
 
 impl Client {
     async fn run(mut self) -> Vec<Op> {
@@ -208,7 +225,7 @@ impl Client {
             } else {
                 due = now;
             }
-            let (node, base) = self.state.pick_node(&mut self.rng);
+            let (node, base) = self.state.pick_node(&mut self.rng, &self.suspects);
             let request = self.next_request(seq, node);
             let epoch_invoked = self.state.epoch(node);
             let invoke = self.state.now();
@@ -271,6 +288,9 @@ impl Client {
 
     /// Updates the client's own view after an answer.
     fn learn(&mut self, node: u64, epoch: u64, request: &Request, outcome: &Outcome) {
+        if matches!(outcome, Outcome::Indeterminate { .. }) {
+            self.suspects.insert(node, Instant::now() + SUSPECT_FOR);
+        }
         if outcome.is_ok() {
             let counter = if matches!(outcome, Outcome::Written { .. }) {
                 &self.state.acked_writes
