@@ -429,48 +429,55 @@ fn now_ms() -> i64 {
 
 // ---------------------------------------------------------------- writes
 
-struct WriteRequest<'a> {
-    method: Method,
-    uri: &'a Uri,
-    headers: &'a HeaderMap,
-    body: Bytes,
-}
-
-/// Produces one batch to a partition's leader, here or by forwarding.
-/// Returns the base offset, or the leader's whole response when forwarded.
+/// Produces records to a partition through its leader: here (batched with
+/// concurrent writes), or forwarded once to the leader's node over RPC, or
+/// answered 421 when forwarding is off. Returns the offset of the first record.
 async fn produce_to(
     s: &AppState,
     record: &PartitionRecord,
-    records: &[Record],
+    records: Vec<Record>,
     hop: Hop,
-    req: WriteRequest<'_>,
-) -> Result<Result<u64, Response>, ApiError> {
-    let batch = logdex_log::encode_batch(records, logdex_log::Compression::None)
-        .map_err(|e| ApiError::bad("invalid_record", e.to_string()))?;
+    uri: &Uri,
+) -> Result<u64, ApiError> {
+    let node = &s.router.node;
     let deadline = tokio::time::Instant::now() + crate::routing::LEADER_WAIT;
     loop {
-        if s.router.local_leader(record.group_id).is_some() {
-            match s.router.node.produce(record.group_id, batch.clone()).await {
-                Ok(r) => return Ok(Ok(r.base_offset)),
-                Err(logdex_raft::Error::NotLeader { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-        } else if let Some(leader) = s.router.find_leader(record).await
-            && leader != s.router.node.node_id()
-        {
-            let pq = path_and_query(req.uri);
-            match s.router.redirect(leader, hop, req.method.clone(), &pq, req.headers, req.body.clone()).await {
-                // Never sent: the leader is down; wait for the next one.
-                Err(ApiError::NodeUnreachable(_)) => s.router.forget_leader(record.group_id),
-                Err(e) => {
-                    s.router.forget_leader(record.group_id);
-                    return Err(e);
+        let leader = if s.router.local_leader(record.group_id).is_some() {
+            Some(node.node_id())
+        } else {
+            s.router.find_leader(record).await
+        };
+        let outcome = match leader {
+            Some(l) if l == node.node_id() => node.produce_records(record.group_id, records.clone()).await,
+            Some(l) => {
+                if hop.forwarded || !hop.forward {
+                    // Not ours to forward: the HTTP answer names where to go.
+                    let pq = path_and_query(uri);
+                    let empty = HeaderMap::new();
+                    return match s.router.redirect(l, hop, Method::POST, &pq, &empty, Bytes::new()).await {
+                        Err(e) => Err(e),
+                        Ok(_) => Err(ApiError::Internal("a write may not be forwarded here".into())),
+                    };
                 }
-                Ok(resp) => return Ok(Err(resp)),
+                node.remote_produce(l, record.group_id, &records).await
             }
+            None => Err(logdex_raft::Error::unavailable("no leader known")),
+        };
+        match outcome {
+            Ok(base) => return Ok(base),
+            // Definite failures: nothing was written; wait for the next leader.
+            Err(
+                logdex_raft::Error::NotLeader { .. }
+                | logdex_raft::Error::NodeUnreachable(_)
+                | logdex_raft::Error::NotHosted { .. },
+            ) => {
+                s.router.forget_leader(record.group_id);
+            }
+            Err(logdex_raft::Error::Unavailable(m)) if m == "no leader known" => {}
+            Err(e) => return Err(e.into()),
         }
         if tokio::time::Instant::now() >= deadline {
-            return Err(ApiError::Unavailable(format!("partition {} has no leader yet", record.partition)));
+            return Err(ApiError::Unavailable(format!("partition {} has no reachable leader", record.partition)));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -489,8 +496,6 @@ async fn write_key(
     q: CommonQuery,
     uri: Uri,
     headers: HeaderMap,
-    method: Method,
-    body: Bytes,
     value: Option<Vec<u8>>,
 ) -> Result<Response, ApiError> {
     let topic_name = topic_from_uri(&uri)?;
@@ -505,11 +510,8 @@ async fn write_key(
     let p = partition_of(&t, &q, &key)?;
     let record = Record { timestamp_ms: now_ms(), key: Some(key), value, headers: Vec::new() };
     let hop = hop(&s, &headers, &q);
-    let req = WriteRequest { method, uri: &uri, headers: &headers, body };
-    match produce_to(&s, p, std::slice::from_ref(&record), hop, req).await? {
-        Ok(offset) => Ok(written(p.partition, offset)),
-        Err(forwarded) => Ok(forwarded),
-    }
+    let offset = produce_to(&s, p, vec![record], hop, &uri).await?;
+    Ok(written(p.partition, offset))
 }
 
 async fn put_key(
@@ -519,8 +521,7 @@ async fn put_key(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let value = Some(body.to_vec());
-    write_key(s, q, uri, headers, Method::PUT, body, value).await
+    write_key(s, q, uri, headers, Some(body.to_vec())).await
 }
 
 async fn delete_key(
@@ -529,7 +530,7 @@ async fn delete_key(
     uri: Uri,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    write_key(s, q, uri, headers, Method::DELETE, Bytes::new(), None).await
+    write_key(s, q, uri, headers, None).await
 }
 
 #[derive(Deserialize)]
@@ -619,51 +620,12 @@ async fn produce_records(
     let mut offsets = vec![Value::Null; total];
     for (partition, (positions, records)) in per_partition {
         let record = &t.partitions[partition as usize];
-        let sub_body = sub_request_body(partition, &records)?;
-        let req = WriteRequest { method: Method::POST, uri: &uri, headers: &headers, body: sub_body };
-        let base = match produce_to(&s, record, &records, hop, req).await? {
-            Ok(base) => base,
-            Err(forwarded) => base_offset_of(forwarded).await?,
-        };
+        let base = produce_to(&s, record, records, hop, &uri).await?;
         for (j, pos) in positions.into_iter().enumerate() {
             offsets[pos] = json!({ "partition": partition, "offset": base + j as u64 });
         }
     }
     Ok(Json(json!({ "offsets": offsets })).into_response())
-}
-
-/// The body forwarded for one partition's records: base64 keeps it exact.
-fn sub_request_body(partition: u32, records: &[Record]) -> Result<Bytes, ApiError> {
-    let b64 = |b: &Vec<u8>| base64::engine::general_purpose::STANDARD.encode(b);
-    let records: Vec<Value> = records
-        .iter()
-        .map(|r| {
-            let headers: BTreeMap<&str, Option<String>> =
-                r.headers.iter().map(|h| (h.key.as_str(), h.value.as_ref().map(b64))).collect();
-            json!({ "key": r.key.as_ref().map(b64), "value": r.value.as_ref().map(b64), "headers": headers, "partition": partition })
-        })
-        .collect();
-    serde_json::to_vec(&json!({ "records": records, "encoding": "base64" }))
-        .map(Bytes::from)
-        .map_err(|e| ApiError::Internal(e.to_string()))
-}
-
-async fn base_offset_of(forwarded: Response) -> Result<u64, ApiError> {
-    let status = forwarded.status();
-    let bytes = axum::body::to_bytes(forwarded.into_body(), 1 << 24)
-        .await
-        .map_err(|e| ApiError::Unavailable(format!("forwarded answer: {e}")))?;
-    let v: Value =
-        serde_json::from_slice(&bytes).map_err(|e| ApiError::Unavailable(format!("forwarded answer: {e}")))?;
-    if !status.is_success() {
-        let message = v["error"]["message"].as_str().unwrap_or("forwarded write failed").to_string();
-        return Err(if status == StatusCode::SERVICE_UNAVAILABLE {
-            ApiError::Unavailable(message)
-        } else {
-            ApiError::Internal(message)
-        });
-    }
-    v["offsets"][0]["offset"].as_u64().ok_or_else(|| ApiError::Unavailable("forwarded answer lacks offsets".into()))
 }
 
 // ---------------------------------------------------------------- reads

@@ -16,6 +16,9 @@ pub enum Error {
     /// This node hosts no replica of the group.
     #[error("group {group} is not hosted on this node")]
     NotHosted { group: GroupId },
+    /// A forwarded request never reached the node it was sent to: safe to retry.
+    #[error("node unreachable: {0}")]
+    NodeUnreachable(String),
     /// The group cannot answer now (no leader, shutting down, timed out); retry later.
     #[error("unavailable: {0}")]
     Unavailable(String),

@@ -16,6 +16,7 @@ use openraft::ReadPolicy;
 use openraft::errors::ClientWriteError as OrClientWriteError;
 use openraft::errors::RaftError as OrRaftError;
 
+use crate::batcher::Batcher;
 use crate::controller::ClusterState;
 use crate::controller::PartitionRecord;
 use crate::controller::ReplicaRecord;
@@ -122,6 +123,8 @@ pub struct HostedGroup {
     pub partition_no: u32,
     pub raft: Raft,
     pub partition: Arc<Partition>,
+    /// Batches concurrent produces into one entry while this replica leads.
+    pub batcher: Batcher,
 }
 
 /// The replication layer of one node. Cheap to clone.
@@ -625,6 +628,7 @@ impl Node {
             })
             .collect();
         let preferred = record.replicas.first().map(|r| r.replica_id) == Some(replica);
+        let batcher = Batcher::start(group, propose_fn(raft.clone(), group));
         let hosted = Arc::new(HostedGroup {
             group_id: group,
             replica_id: replica,
@@ -632,6 +636,7 @@ impl Node {
             partition_no: record.partition,
             raft: raft.clone(),
             partition,
+            batcher,
         });
         self.inner.groups.write().unwrap_or_else(|p| p.into_inner()).insert(group, hosted);
         tracing::info!(group, replica, topic, partition = record.partition, "partition replica started");
@@ -710,22 +715,46 @@ impl Node {
         leader_node_of(&group.raft)
     }
 
-    /// Appends a batch through the group's leader (this node must lead it).
-    pub async fn produce(&self, group: GroupId, mut batch: Vec<u8>) -> Result<pb::ProduceResult> {
+    /// Appends records through the group's leader replica on this node,
+    /// batched with concurrent produces; returns the offset of the first.
+    pub async fn produce_records(&self, group: GroupId, records: Vec<logdex_log::Record>) -> Result<u64> {
         let hosted = self.group(group).ok_or(Error::NotHosted { group })?;
-        logdex_log::validate_batch(&batch).map_err(|e| Error::Invalid(e.to_string()))?;
-        logdex_log::set_base_offset(&mut batch, 0);
-        let command = pb::Command { kind: Some(pb::command::Kind::Produce(pb::Produce { batch })) };
-        match tokio::time::timeout(OPERATION_TIMEOUT, hosted.raft.client_write(command)).await {
-            Err(_) => Err(Error::Timeout("write waiting for commit".into())),
-            Ok(Ok(resp)) => match resp.data.kind {
-                Some(pb::command_response::Kind::Produce(r)) => Ok(r),
-                _ => Err(Error::Corrupted("produce answered a non-produce response".into())),
-            },
-            Ok(Err(OrRaftError::APIError(OrClientWriteError::ForwardToLeader(f)))) => {
-                Err(Error::NotLeader { group, leader_node: f.leader_node.map(|n| n.node_id) })
+        if !hosted.raft.is_leader() {
+            return Err(Error::NotLeader { group, leader_node: self.leader_node(&hosted) });
+        }
+        hosted.batcher.produce(records).await
+    }
+
+    /// Sends records to the node leading the group (forwarding a write once).
+    /// `NotLeader` and transport failures before sending are definite: nothing was written.
+    pub async fn remote_produce(&self, node: NodeId, group: GroupId, records: &[logdex_log::Record]) -> Result<u64> {
+        let addr = self
+            .cluster()
+            .nodes
+            .get(&node)
+            .map(|n| n.rpc_addr.clone())
+            .ok_or_else(|| Error::unavailable(format!("node {node} has no known address")))?;
+        let mut client = self.inner.pool.client(&addr).map_err(Error::unavailable)?;
+        let mut request = tonic::Request::new(pb::ProduceRequest {
+            header: Some(pb::GroupHeader { group_id: group, target_replica: 0 }),
+            records: records.iter().map(wire::record_to_pb).collect(),
+        });
+        request.set_timeout(OPERATION_TIMEOUT);
+        let resp = client.produce(request).await.map_err(|s| match s.code() {
+            tonic::Code::Unavailable if s.message().contains("connect") => {
+                Error::NodeUnreachable(s.message().to_string())
             }
-            Ok(Err(e)) => Err(Error::unavailable(e)),
+            tonic::Code::InvalidArgument => Error::Invalid(s.message().to_string()),
+            tonic::Code::NotFound => Error::NotLeader { group, leader_node: None },
+            tonic::Code::DeadlineExceeded => Error::Timeout(s.message().to_string()),
+            _ => Error::unavailable(s.message()),
+        })?;
+        match resp.into_inner().result {
+            Some(pb::produce_response::Result::BaseOffset(o)) => Ok(o),
+            Some(pb::produce_response::Result::NotLeader(n)) => {
+                Err(Error::NotLeader { group, leader_node: (n != 0).then_some(n) })
+            }
+            None => Err(Error::unavailable("empty produce answer")),
         }
     }
 
@@ -854,7 +883,9 @@ pub async fn leader_read_index(raft: &Raft, strict: bool) -> Result<u64> {
 }
 
 fn leader_node_of(raft: &Raft) -> Option<NodeId> {
-    let m = crate::types::metrics_of(raft);
+    use crate::types::WatchReceiver;
+    let metrics = raft.metrics();
+    let m = metrics.borrow_watched();
     let leader = m.current_leader?;
     m.membership_config.membership().get_node(&leader).map(|n| n.node_id)
 }
@@ -886,6 +917,29 @@ fn clean(p: &Partition, policy: &crate::controller::CleanupPolicy, last: Option<
         );
     }
     Ok(Some(p.sealed_bytes()))
+}
+
+/// Proposes one encoded batch on `raft` and returns its base offset.
+fn propose_fn(raft: Raft, group: GroupId) -> crate::batcher::Propose {
+    Arc::new(move |mut batch: Vec<u8>| {
+        let raft = raft.clone();
+        Box::pin(async move {
+            logdex_log::set_base_offset(&mut batch, 0);
+            let command = pb::Command { kind: Some(pb::command::Kind::Produce(pb::Produce { batch })) };
+            match tokio::time::timeout(OPERATION_TIMEOUT, raft.client_write(command)).await {
+                Err(_) => Err(Error::Timeout("write waiting for commit".into())),
+                Ok(Ok(resp)) => match resp.data.kind {
+                    Some(pb::command_response::Kind::Produce(r)) if r.error.is_empty() => Ok(r.base_offset),
+                    Some(pb::command_response::Kind::Produce(r)) => Err(Error::Invalid(r.error)),
+                    _ => Err(Error::Corrupted("produce answered a non-produce response".into())),
+                },
+                Ok(Err(OrRaftError::APIError(OrClientWriteError::ForwardToLeader(f)))) => {
+                    Err(Error::NotLeader { group, leader_node: f.leader_node.map(|n| n.node_id) })
+                }
+                Ok(Err(e)) => Err(Error::unavailable(e)),
+            }
+        })
+    })
 }
 
 async fn initialize_group(raft: Raft, members: BTreeMap<u64, pb::Node>, preferred: bool) {

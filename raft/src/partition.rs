@@ -219,19 +219,34 @@ impl Partition {
         self.log.read().map(|l| l.size_bytes()).unwrap_or(0)
     }
 
-    /// Applies committed produce batches (in log order) and records `state` as applied.
-    pub fn apply_batches(&self, batches: &mut [Vec<u8>], state: &AppliedState, now_ms: u64) -> Result<Vec<Appended>> {
+    /// Applies committed produce batches (in log order) and records `state` as
+    /// applied. A batch the log refuses (over the size limit, say) is skipped
+    /// the same way on every replica and answered with the reason; an I/O
+    /// failure is an error (the log is poisoned, the node must restart).
+    pub fn apply_batches(
+        &self,
+        batches: &mut [Vec<u8>],
+        state: &AppliedState,
+        now_ms: u64,
+    ) -> Result<Vec<std::result::Result<Appended, String>>> {
         let mut results = Vec::with_capacity(batches.len());
         let mut records_per_batch = Vec::with_capacity(batches.len());
         let next_offset = {
             let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
             for batch in batches.iter_mut() {
-                let info = log.append(batch, now_ms)?;
-                results.push(Appended {
+                let info = match log.append(batch, now_ms) {
+                    Ok(info) => info,
+                    Err(e @ (logdex_log::Error::Io { .. } | logdex_log::Error::Poisoned)) => return Err(e.into()),
+                    Err(e) => {
+                        results.push(Err(e.to_string()));
+                        continue;
+                    }
+                };
+                results.push(Ok(Appended {
                     base_offset: info.base_offset,
                     last_offset: info.last_offset,
                     timestamp_ms: info.max_timestamp_ms,
-                });
+                }));
                 records_per_batch.push(logdex_log::decode_batch(batch)?);
             }
             log.next_offset()

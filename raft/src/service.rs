@@ -348,6 +348,24 @@ impl RaftService for Service {
         Ok(Response::new(pb::TransferLeaderResponse { result: Some(result) }))
     }
 
+    async fn produce(&self, request: Request<pb::ProduceRequest>) -> Result<Response<pb::ProduceResponse>, Status> {
+        let req = request.into_inner();
+        let header = req.header.ok_or_else(|| Status::invalid_argument("missing group header"))?;
+        let records: Vec<logdex_log::Record> = req.records.into_iter().map(wire::record_from_pb).collect();
+        use pb::produce_response::Result as R;
+        let result = match self.node.produce_records(header.group_id, records).await {
+            Ok(base) => R::BaseOffset(base),
+            Err(crate::Error::NotLeader { leader_node, .. }) => R::NotLeader(leader_node.unwrap_or(0)),
+            Err(crate::Error::NotHosted { group }) => {
+                return Err(Status::not_found(format!("group {group} is not hosted here")));
+            }
+            Err(crate::Error::Invalid(m)) => return Err(Status::invalid_argument(m)),
+            Err(crate::Error::Timeout(m)) => return Err(Status::deadline_exceeded(m)),
+            Err(e) => return Err(Status::internal(e.to_string())),
+        };
+        Ok(Response::new(pb::ProduceResponse { result: Some(result) }))
+    }
+
     async fn status(&self, _request: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
         Ok(Response::new(self.node.status()))
     }

@@ -109,15 +109,19 @@ impl GroupStateMachine {
         Ok(SnapshotBuilder { snapshots: self.snapshots.clone(), staged, id, meta })
     }
 
-    fn apply_partition(&mut self, partition: &Partition, entries: Vec<EntryResponder<TypeConfig>>) -> io::Result<()> {
+    fn apply_partition(
+        &mut self,
+        partition: &Partition,
+        mut entries: Vec<EntryResponder<TypeConfig>>,
+    ) -> io::Result<()> {
         let mut batches = Vec::new();
         let mut batch_owner = Vec::with_capacity(entries.len());
-        for (entry, _) in &entries {
+        for (entry, _) in entries.iter_mut() {
             self.state.applied = Some(entry.log_id);
-            match &entry.payload {
+            match &mut entry.payload {
                 EntryPayload::Normal(pb::Command { kind: Some(pb::command::Kind::Produce(p)) }) => {
                     batch_owner.push(Some(batches.len()));
-                    batches.push(p.batch.clone());
+                    batches.push(std::mem::take(&mut p.batch));
                 }
                 EntryPayload::Membership(m) => {
                     self.state.membership = StoredMembership::new(Some(entry.log_id), m.clone());
@@ -135,10 +139,15 @@ impl GroupStateMachine {
         for ((_, responder), owner) in entries.into_iter().zip(batch_owner) {
             let Some(responder) = responder else { continue };
             let kind = match owner.and_then(|i| appended.get(i)) {
-                Some(a) => pb::command_response::Kind::Produce(pb::ProduceResult {
+                Some(Ok(a)) => pb::command_response::Kind::Produce(pb::ProduceResult {
                     base_offset: a.base_offset,
                     last_offset: a.last_offset,
                     timestamp_ms: u64::try_from(a.timestamp_ms).unwrap_or(0),
+                    error: String::new(),
+                }),
+                Some(Err(reason)) => pb::command_response::Kind::Produce(pb::ProduceResult {
+                    error: reason.clone(),
+                    ..Default::default()
                 }),
                 None => pb::command_response::Kind::None(pb::Blank {}),
             };
@@ -206,16 +215,10 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
         if chunk.is_empty() {
             return Ok(());
         }
-        // Apply does blocking file and index writes and may wait for the log
-        // lock held by compaction: tell the runtime, so other tasks move on.
-        let multi_thread =
-            tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;
-        let data = self.data.clone();
-        let run = || match &data {
-            GroupData::Partition(p) => self.apply_partition(p, chunk),
-            GroupData::Controller(c) => self.apply_controller(c, chunk),
-        };
-        if multi_thread { tokio::task::block_in_place(run) } else { run() }
+        match self.data.clone() {
+            GroupData::Partition(p) => self.apply_partition(&p, chunk),
+            GroupData::Controller(c) => self.apply_controller(&c, chunk),
+        }
     }
 
     async fn try_create_snapshot_builder(&mut self, _force: bool) -> Option<Self::SnapshotBuilder> {

@@ -93,3 +93,21 @@ pub fn entry_from_pb(entry: pb::Entry) -> Result<Entry, WireError> {
 pub fn entries_from_pb(entries: Vec<pb::Entry>) -> Result<Vec<Entry>, WireError> {
     entries.into_iter().map(entry_from_pb).collect()
 }
+
+pub fn record_to_pb(r: &logdex_log::Record) -> pb::ProduceRecord {
+    pb::ProduceRecord {
+        key: r.key.clone(),
+        value: r.value.clone(),
+        headers: r.headers.iter().map(|h| pb::RecordHeader { key: h.key.clone(), value: h.value.clone() }).collect(),
+        timestamp_ms: r.timestamp_ms,
+    }
+}
+
+pub fn record_from_pb(r: pb::ProduceRecord) -> logdex_log::Record {
+    logdex_log::Record {
+        timestamp_ms: r.timestamp_ms,
+        key: r.key,
+        value: r.value,
+        headers: r.headers.into_iter().map(|h| logdex_log::Header { key: h.key, value: h.value }).collect(),
+    }
+}
