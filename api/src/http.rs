@@ -857,6 +857,15 @@ async fn metrics(State(s): State<AppState>) -> Response {
             let _ = writeln!(out, "{name}{{{labels}}} {}", value(g));
         }
     }
+    let sync = s.router.node.raft_log_sync_stats();
+    for (name, help, v) in [
+        ("logdex_raft_log_fsyncs_total", "fsyncs of the Raft log (one serves every group).", &sync.fsyncs),
+        ("logdex_raft_log_flush_requests_total", "Appends and votes made durable by those fsyncs.", &sync.requests),
+        ("logdex_raft_log_fsync_microseconds_total", "Time spent in Raft log fsyncs.", &sync.fsync_micros),
+    ] {
+        let _ =
+            writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{node=\"{node}\"}} {}", v.load(Relaxed));
+    }
     s.guard.metrics.render(&mut out);
     ([("content-type", "text/plain; version=0.0.4")], out).into_response()
 }

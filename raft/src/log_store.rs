@@ -62,6 +62,18 @@ pub struct RaftLogDb {
     ks: Keyspace,
     syncer: mpsc::SyncSender<SyncJob>,
     poisoned: Arc<AtomicBool>,
+    stats: Arc<SyncStats>,
+}
+
+/// Counters of the group-commit syncer, for metrics.
+#[derive(Debug, Default)]
+pub struct SyncStats {
+    /// fsyncs done.
+    pub fsyncs: std::sync::atomic::AtomicU64,
+    /// Flush requests (appends and votes) those fsyncs served.
+    pub requests: std::sync::atomic::AtomicU64,
+    /// Total time spent in fsync, in microseconds.
+    pub fsync_micros: std::sync::atomic::AtomicU64,
 }
 
 enum SyncJob {
@@ -78,10 +90,17 @@ impl RaftLogDb {
         let thread_db = db.clone();
         let thread_poisoned = poisoned.clone();
         let thread_dir = path.to_path_buf();
+        let stats = Arc::new(SyncStats::default());
+        let thread_stats = stats.clone();
         std::thread::Builder::new()
             .name("raft-log-sync".into())
-            .spawn(move || run_syncer(thread_db, &thread_dir, rx, thread_poisoned))?;
-        Ok(Arc::new(RaftLogDb { db, ks, syncer, poisoned }))
+            .spawn(move || run_syncer(thread_db, &thread_dir, rx, thread_poisoned, &thread_stats))?;
+        Ok(Arc::new(RaftLogDb { db, ks, syncer, poisoned, stats }))
+    }
+
+    /// Group-commit counters.
+    pub fn sync_stats(&self) -> &SyncStats {
+        &self.stats
     }
 
     /// The log storage of one group.
@@ -113,17 +132,21 @@ impl RaftLogDb {
     }
 }
 
-fn run_syncer(db: Database, dir: &Path, rx: mpsc::Receiver<SyncJob>, poisoned: Arc<AtomicBool>) {
+fn run_syncer(db: Database, dir: &Path, rx: mpsc::Receiver<SyncJob>, poisoned: Arc<AtomicBool>, stats: &SyncStats) {
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         while let Ok(job) = rx.try_recv() {
             jobs.push(job);
         }
+        let started = std::time::Instant::now();
         let result = if poisoned.load(Ordering::Acquire) {
             Err("raft log is poisoned by a failed fsync".to_string())
         } else {
             db.persist(PersistMode::SyncData).map_err(|e| e.to_string())
         };
+        stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+        stats.requests.fetch_add(jobs.len() as u64, Ordering::Relaxed);
+        stats.fsync_micros.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         match &result {
             // Test builds with LOGDEX_FSYNC_TRACE: record what is durable before acknowledging it.
             Ok(()) => crate::fsync_trace::durable(&[dir]),

@@ -125,6 +125,8 @@ pub struct HostedGroup {
     pub partition: Arc<Partition>,
     /// Batches concurrent produces into one entry while this replica leads.
     pub batcher: Batcher,
+    /// Coalesce concurrent read-index requests to the leader (lease, strict).
+    read_index: [crate::coalesce::Coalescer; 2],
 }
 
 /// The replication layer of one node. Cheap to clone.
@@ -162,6 +164,9 @@ impl Node {
                 snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
                 max_in_snapshot_log_to_keep: config.snapshot_every_entries / 5,
                 max_payload_entries: 256,
+                // Replicate as soon as the leader appended (its fsync runs in
+                // parallel with the followers'), instead of after it flushed.
+                broadcast_submitted_on_append: Some(true),
                 ..Default::default()
             }
             .validate()
@@ -637,6 +642,7 @@ impl Node {
             raft: raft.clone(),
             partition,
             batcher,
+            read_index: Default::default(),
         });
         self.inner.groups.write().unwrap_or_else(|p| p.into_inner()).insert(group, hosted);
         tracing::info!(group, replica, topic, partition = record.partition, "partition replica started");
@@ -699,6 +705,11 @@ impl Node {
             return Some(self.inner.config.data_dir.join("controller").join("snapshots"));
         }
         self.group(group).map(|g| g.partition.dir().join("snapshots"))
+    }
+
+    /// Group-commit counters of this node's Raft log.
+    pub fn raft_log_sync_stats(&self) -> &crate::log_store::SyncStats {
+        self.inner.raft_log.sync_stats()
     }
 
     /// The hosted replica of `group`.
@@ -768,21 +779,36 @@ impl Node {
         let read_index = if hosted.raft.is_leader() {
             leader_read_index(&hosted.raft, strict).await?
         } else {
-            let leader = self.leader_node(hosted).ok_or_else(|| Error::unavailable("no leader known"))?;
-            let addr = self
-                .cluster()
-                .nodes
-                .get(&leader)
-                .map(|n| n.rpc_addr.clone())
-                .ok_or_else(|| Error::unavailable(format!("leader node {leader} has no known address")))?;
-            self.remote_read_index(&addr, hosted, strict).await?
+            // Concurrent follower reads of this group share one read-index RPC.
+            let node = self.clone();
+            let group = hosted.group_id;
+            let fetch: crate::coalesce::Fetch = Arc::new(move || {
+                let node = node.clone();
+                Box::pin(async move { node.remote_read_index(group, strict).await })
+            });
+            hosted.read_index[usize::from(strict)].get(fetch).await?
         };
+        if applied_index(&hosted.raft) >= read_index {
+            return Ok(());
+        }
         self.wait_applied(hosted, read_index, OPERATION_TIMEOUT).await
     }
 
-    async fn remote_read_index(&self, addr: &str, hosted: &HostedGroup, strict: bool) -> Result<u64> {
-        let leader_replica = crate::types::metrics_of(&hosted.raft).current_leader.unwrap_or(0);
-        let mut client = self.inner.pool.client(addr).map_err(Error::unavailable)?;
+    /// Asks the group's leader for a read index (ReadIndex if `strict`, else a lease read).
+    async fn remote_read_index(&self, group: GroupId, strict: bool) -> Result<u64> {
+        let hosted = self.group(group).ok_or(Error::NotHosted { group })?;
+        let leader = self.leader_node(&hosted).ok_or_else(|| Error::unavailable("no leader known"))?;
+        let addr = self
+            .cluster()
+            .nodes
+            .get(&leader)
+            .map(|n| n.rpc_addr.clone())
+            .ok_or_else(|| Error::unavailable(format!("leader node {leader} has no known address")))?;
+        let leader_replica = {
+            use crate::types::WatchReceiver;
+            hosted.raft.metrics().borrow_watched().current_leader.unwrap_or(0)
+        };
+        let mut client = self.inner.pool.client(&addr).map_err(Error::unavailable)?;
         let mut request = tonic::Request::new(pb::ReadIndexRequest {
             header: Some(pb::GroupHeader { group_id: hosted.group_id, target_replica: leader_replica }),
             strict,
@@ -880,6 +906,12 @@ pub async fn leader_read_index(raft: &Raft, strict: bool) -> Result<u64> {
             other => Error::unavailable(other),
         })?;
     Ok(linearizer.read_log_id().index())
+}
+
+/// The index of the last entry the replica applied.
+fn applied_index(raft: &Raft) -> u64 {
+    use crate::types::WatchReceiver;
+    raft.metrics().borrow_watched().last_applied.map_or(0, |l| l.index)
 }
 
 fn leader_node_of(raft: &Raft) -> Option<NodeId> {
