@@ -180,7 +180,7 @@ async fn create_topic(State(s): State<AppState>, body: Bytes) -> Result<Response
 
 /// Waits (bounded) until the local controller replica knows the topic and
 /// every partition has a leader, so a write right after creation succeeds.
-async fn wait_topic_ready(s: &AppState, name: &str) -> Result<TopicRecord, ApiError> {
+async fn wait_topic_ready(s: &AppState, name: &str) -> Result<Arc<TopicRecord>, ApiError> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     loop {
         if let Some(topic) = s.router.node.cluster().topics.get(name).cloned() {
@@ -206,7 +206,7 @@ async fn list_topics(State(s): State<AppState>) -> Json<Value> {
     Json(json!({ "topics": names }))
 }
 
-fn topic(s: &AppState, name: &str) -> Result<TopicRecord, ApiError> {
+fn topic(s: &AppState, name: &str) -> Result<Arc<TopicRecord>, ApiError> {
     s.router.node.cluster().topics.get(name).cloned().ok_or_else(|| ApiError::TopicNotFound(name.to_string()))
 }
 

@@ -93,7 +93,7 @@ pub struct TopicRecord {
 pub struct ClusterState {
     pub version: u8,
     pub nodes: BTreeMap<NodeId, NodeRecord>,
-    pub topics: BTreeMap<String, TopicRecord>,
+    pub topics: BTreeMap<String, std::sync::Arc<TopicRecord>>,
     pub next_group_id: GroupId,
     pub next_replica_id: ReplicaId,
     /// Count of topics ever created: spreads preferred leaders across topics.
@@ -215,13 +215,18 @@ impl ClusterState {
         self.topics_created += 1;
         self.topics.insert(
             c.name.clone(),
-            TopicRecord { name: c.name.clone(), replication_factor: c.replication_factor, config, partitions },
+            std::sync::Arc::new(TopicRecord {
+                name: c.name.clone(),
+                replication_factor: c.replication_factor,
+                config,
+                partitions,
+            }),
         );
         result("created", format!("topic {} created", c.name))
     }
 
     fn alter_config(&mut self, a: &pb::AlterTopicConfig) -> pb::ControllerResult {
-        let Some(topic) = self.topics.get_mut(&a.name) else {
+        let Some(topic) = self.topics.get_mut(&a.name).map(std::sync::Arc::make_mut) else {
             return result("not_found", format!("topic {} does not exist", a.name));
         };
         let mut config = topic.config.clone();
@@ -277,14 +282,16 @@ impl ClusterState {
                 }
             }
         }
-        if let Some(p) = self.topics.get_mut(&m.topic).and_then(|t| t.partitions.get_mut(m.partition as usize)) {
+        let topic = self.topics.get_mut(&m.topic).map(std::sync::Arc::make_mut);
+        if let Some(p) = topic.and_then(|t| t.partitions.get_mut(m.partition as usize)) {
             p.target = Some(target);
         }
         result("ok", format!("moving {}/{} to nodes {:?}", m.topic, m.partition, m.nodes))
     }
 
     fn complete_move(&mut self, c: &pb::CompleteMove) -> pb::ControllerResult {
-        let Some(p) = self.topics.get_mut(&c.topic).and_then(|t| t.partitions.get_mut(c.partition as usize)) else {
+        let topic = self.topics.get_mut(&c.topic).map(std::sync::Arc::make_mut);
+        let Some(p) = topic.and_then(|t| t.partitions.get_mut(c.partition as usize)) else {
             return result("not_found", format!("topic {} partition {} does not exist", c.topic, c.partition));
         };
         if p.group_id != c.group_id {
@@ -314,7 +321,10 @@ impl ClusterState {
 
     /// The topic and partition number of a group.
     pub fn find_group(&self, group: GroupId) -> Option<(&TopicRecord, &PartitionRecord)> {
-        self.topics.values().flat_map(|t| t.partitions.iter().map(move |p| (t, p))).find(|(_, p)| p.group_id == group)
+        self.topics
+            .values()
+            .flat_map(|t| t.partitions.iter().map(move |p| (t.as_ref(), p)))
+            .find(|(_, p)| p.group_id == group)
     }
 }
 
