@@ -1,0 +1,51 @@
+//! Linearizable reads from followers see writes acknowledged just before them
+//! (DESIGN.md I6), in both linearizable (lease) and strict (read index) modes.
+
+use logdex_cluster_tests::Cluster;
+use logdex_cluster_tests::Read;
+use logdex_cluster_tests::ReadMode;
+use logdex_cluster_tests::Result;
+use logdex_cluster_tests::TopicSpec;
+use logdex_cluster_tests::ensure;
+use logdex_cluster_tests::ensure_eq;
+use std::time::Duration;
+
+const TOPIC: &str = "ryw";
+const ROUNDS: usize = 60;
+
+/// For each round: write a new value for one key through the partition leader,
+/// and as soon as it is acknowledged read it back from both followers, one in
+/// `linearizable` and one in `strict` mode: each must return the new value and
+/// an offset no older than the write's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_linearizable_read_right_after_an_acknowledged_write_sees_it() -> Result<()> {
+    let cluster = Cluster::start(3).await?;
+    let outcome = rounds(&cluster).await;
+    cluster.finish(outcome)
+}
+
+async fn rounds(cluster: &Cluster) -> Result<()> {
+    let api = cluster.api();
+    let base = cluster.url(1);
+    api.create_topic(&base, &TopicSpec::compacted(TOPIC, 1, 3)).await?;
+    let described = cluster.wait_for_leaders(TOPIC, Duration::from_secs(20)).await?;
+    let partition = described.partition(0)?;
+    let leader =
+        partition.leader.ok_or_else(|| logdex_cluster_tests::Error::Check("partition 0 has no leader".into()))?;
+    let followers: Vec<u64> = partition.replicas.iter().copied().filter(|n| *n != leader).collect();
+    ensure_eq!(followers.len(), 2, "replicas {:?} led by {leader}", partition.replicas);
+    for round in 0..ROUNDS {
+        let value = format!("value-{round}");
+        let put = api.put(&cluster.url(leader), TOPIC, b"key", value.as_bytes()).await?;
+        put.expect_status(200)?;
+        let offset = put.header_u64("x-kv-offset")?;
+        for (follower, mode) in [(followers[0], ReadMode::Linearizable), (followers[1], ReadMode::Strict)] {
+            let read = api.get(&cluster.url(follower), TOPIC, b"key", &Read::mode(mode)).await?;
+            read.expect_status(200)?;
+            ensure_eq!(read.text(), value, "round {round}: node {follower} in {mode:?} mode");
+            ensure!(read.header_u64("x-kv-offset")? >= offset, "round {round}: stale offset from node {follower}");
+            ensure_eq!(read.header_u64("x-kv-node")?, follower, "round {round}: read was not served by the follower");
+        }
+    }
+    Ok(())
+}
