@@ -4,6 +4,7 @@
 //! Only this crate maps errors to HTTP and gRPC status codes.
 
 pub mod bench;
+pub mod bench_measure;
 pub mod cli;
 pub mod client;
 pub mod dev;

@@ -8,8 +8,6 @@
 //! quorum stored it); a get is a direct get (`$JS.API.DIRECT.GET`), which any
 //! replica may answer.
 
-use std::io::IsTerminal;
-use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::AtomicU64;
@@ -22,7 +20,16 @@ use async_nats::jetstream::kv;
 use clap::Parser;
 use clap::ValueEnum;
 use rand::Rng;
-use serde::Serialize;
+
+// The run report, statistics, histogram and printer of `logdex bench`, shared
+// by path: this crate stays out of the workspace so CI never builds async-nats.
+#[path = "../../api/src/bench_measure.rs"]
+mod bench_measure;
+
+use bench_measure::Shared;
+use bench_measure::Stats;
+use bench_measure::print_report;
+use bench_measure::progress_task;
 
 #[derive(Parser, Debug, Clone)]
 #[command(name = "bench-peer", about = "NATS JetStream KV: the same workloads as `logdex bench`")]
@@ -76,26 +83,6 @@ enum Workload {
     Load,
     Get1,
     Getc,
-}
-
-/// One run's result; the fields of `logdex bench`'s `RunReport`.
-#[derive(Serialize, Debug, Clone)]
-struct RunReport {
-    system: String,
-    workload: String,
-    read: Option<String>,
-    concurrency: usize,
-    ok: u64,
-    not_found: u64,
-    errors: u64,
-    elapsed_s: f64,
-    rate_per_s: f64,
-    p50_us: f64,
-    p90_us: f64,
-    p99_us: f64,
-    p999_us: f64,
-    max_us: f64,
-    first_error: Option<String>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -227,12 +214,6 @@ enum Outcome {
     Error(String),
 }
 
-struct Shared {
-    next: AtomicU64,
-    done: AtomicU64,
-    stop: AtomicBool,
-}
-
 async fn drive(ctx: &Arc<Ctx>, plan: &Plan, name: &str) -> (Stats, Duration) {
     let limit = plan.requests.unwrap_or(u64::MAX);
     let shared = Arc::new(Shared { next: AtomicU64::new(0), done: AtomicU64::new(0), stop: AtomicBool::new(false) });
@@ -315,191 +296,4 @@ async fn one(ctx: &Ctx, worker: usize, seq: u64) -> Outcome {
         Ok(Err(e)) => Outcome::Error(format!("get: {e}")),
         Err(_) => Outcome::Error("get timed out".into()),
     }
-}
-
-/// A progress line on stderr, only when stderr is a terminal.
-fn progress_task(
-    shared: Arc<Shared>,
-    name: String,
-    requests: Option<u64>,
-    duration: Duration,
-    start: Instant,
-) -> Option<tokio::task::JoinHandle<()>> {
-    if !std::io::stderr().is_terminal() {
-        return None;
-    }
-    Some(tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_millis(250));
-        while !shared.stop.load(Ordering::Relaxed) {
-            tick.tick().await;
-            let done = shared.done.load(Ordering::Relaxed);
-            let secs = start.elapsed().as_secs_f64();
-            let of = requests.map(|r| format!("/{r}")).unwrap_or_default();
-            let mut err = std::io::stderr().lock();
-            let _ = write!(
-                err,
-                "\r\x1b[2K{name}: {done}{of} requests, {:.0}/s, {secs:.1}/{} s",
-                done as f64 / secs.max(1e-9),
-                duration.as_secs()
-            );
-            let _ = err.flush();
-        }
-        let _ = write!(std::io::stderr().lock(), "\r\x1b[2K");
-    }))
-}
-
-// ---------------------------------------------------------------- statistics
-// The same histogram and report as api/src/bench.rs (this crate is kept out
-// of the workspace, so it cannot share the code).
-
-#[derive(Default)]
-struct Stats {
-    ok: u64,
-    not_found: u64,
-    errors: u64,
-    first_error: Option<String>,
-    latency: Histogram,
-}
-
-impl Stats {
-    fn error(&mut self, e: String) {
-        self.errors += 1;
-        self.first_error.get_or_insert(e);
-    }
-
-    fn merge(&mut self, other: Stats) {
-        self.ok += other.ok;
-        self.not_found += other.not_found;
-        self.errors += other.errors;
-        if self.first_error.is_none() {
-            self.first_error = other.first_error;
-        }
-        self.latency.merge(&other.latency);
-    }
-
-    fn report(
-        &self,
-        system: &str,
-        workload: &str,
-        read: Option<String>,
-        concurrency: usize,
-        elapsed: Duration,
-    ) -> RunReport {
-        let us = |q: f64| self.latency.quantile_ns(q) as f64 / 1000.0;
-        let secs = elapsed.as_secs_f64();
-        RunReport {
-            system: system.to_string(),
-            workload: workload.to_string(),
-            read,
-            concurrency,
-            ok: self.ok,
-            not_found: self.not_found,
-            errors: self.errors,
-            elapsed_s: secs,
-            rate_per_s: (self.ok + self.not_found) as f64 / secs.max(1e-9),
-            p50_us: us(0.5),
-            p90_us: us(0.9),
-            p99_us: us(0.99),
-            p999_us: us(0.999),
-            max_us: self.latency.max_ns as f64 / 1000.0,
-            first_error: self.first_error.clone(),
-        }
-    }
-}
-
-/// Log-linear histogram of nanoseconds (HDR-style): values below 2^SUB_BITS
-/// are exact, larger ones keep SUB_BITS significant bits (a bucket is at most
-/// 0.2% wide).
-struct Histogram {
-    counts: Vec<u64>,
-    total: u64,
-    max_ns: u64,
-}
-
-const SUB_BITS: u32 = 10;
-const HALF: usize = 1 << (SUB_BITS - 1);
-const SHIFT_MAX: u32 = 32;
-
-impl Default for Histogram {
-    fn default() -> Histogram {
-        Histogram { counts: vec![0; (SHIFT_MAX as usize + 2) * HALF], total: 0, max_ns: 0 }
-    }
-}
-
-impl Histogram {
-    fn record(&mut self, d: Duration) {
-        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        let i = Self::index(ns).min(self.counts.len() - 1);
-        self.counts[i] += 1;
-        self.total += 1;
-        self.max_ns = self.max_ns.max(ns);
-    }
-
-    fn index(v: u64) -> usize {
-        if v < (1 << SUB_BITS) {
-            return v as usize;
-        }
-        let shift = 64 - v.leading_zeros() - SUB_BITS;
-        (shift as usize) * HALF + (v >> shift) as usize
-    }
-
-    fn highest(i: usize) -> u64 {
-        if i < (1 << SUB_BITS) {
-            return i as u64;
-        }
-        let shift = (i / HALF - 1) as u32;
-        let mantissa = (i - shift as usize * HALF) as u64;
-        ((mantissa + 1) << shift) - 1
-    }
-
-    fn merge(&mut self, other: &Histogram) {
-        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
-            *a += b;
-        }
-        self.total += other.total;
-        self.max_ns = self.max_ns.max(other.max_ns);
-    }
-
-    fn quantile_ns(&self, q: f64) -> u64 {
-        if self.total == 0 {
-            return 0;
-        }
-        let rank = ((q * self.total as f64).ceil() as u64).clamp(1, self.total);
-        let mut seen = 0;
-        for (i, c) in self.counts.iter().enumerate() {
-            seen += c;
-            if seen >= rank {
-                return Self::highest(i).min(self.max_ns);
-            }
-        }
-        self.max_ns
-    }
-}
-
-fn print_report(r: &RunReport, json: bool) -> Result<(), String> {
-    let mut out = std::io::stdout().lock();
-    let line = if json {
-        serde_json::to_string(r).map_err(|e| format!("cannot encode the report: {e}"))?
-    } else {
-        let read = r.read.as_deref().map(|m| format!(" read={m}")).unwrap_or_default();
-        let error = r.first_error.as_deref().map(|e| format!(" (first error: {e})")).unwrap_or_default();
-        format!(
-            "{} {}{read} c={}: {} ok, {} not found, {} errors in {:.2} s = {:.0}/s; latency us p50 {:.0} p90 {:.0} \
-             p99 {:.0} p99.9 {:.0} max {:.0}{error}",
-            r.system,
-            r.workload,
-            r.concurrency,
-            r.ok,
-            r.not_found,
-            r.errors,
-            r.elapsed_s,
-            r.rate_per_s,
-            r.p50_us,
-            r.p90_us,
-            r.p99_us,
-            r.p999_us,
-            r.max_us
-        )
-    };
-    writeln!(out, "{line}").map_err(|e| format!("cannot write the report: {e}"))
 }
