@@ -6,38 +6,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use clap::Parser;
-use logdex_api::cli::Cli;
-use logdex_api::cli::Command;
-use logdex_api::serve::RunningNode;
+mod common;
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+use common::TestResult;
 
-async fn start(dir: &std::path::Path) -> Result<(RunningNode, String), Box<dyn std::error::Error>> {
-    let cli = Cli::parse_from([
-        "logdex",
-        "serve",
-        "--data-dir",
-        &dir.display().to_string(),
-        "--http-addr",
-        "127.0.0.1:0",
-        "--rpc-addr",
-        "127.0.0.1:0",
-        "--cleaner-interval-ms",
-        "200",
-    ]);
-    let Some(Command::Serve(args)) = cli.command else { return Err("not a serve command".into()) };
-    let node = logdex_api::serve::start(args).await?;
-    let url = format!("http://{}", node.http_addr);
-    let http = reqwest::Client::new();
-    for _ in 0..300 {
-        if http.get(format!("{url}/readyz")).send().await.map(|r| r.status().is_success()).unwrap_or(false) {
-            return Ok((node, url));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Err("node never became ready".into())
-}
+/// Compaction runs every 200 ms in these tests.
+const CLEANER: &[&str] = &["--cleaner-interval-ms", "200"];
 
 /// The value of `k` in round `r`: binary, with a length that varies per round.
 fn value(k: usize, r: usize) -> Vec<u8> {
@@ -48,7 +22,7 @@ fn value(k: usize, r: usize) -> Vec<u8> {
 async fn compaction_keeps_last_values_and_tombstones_across_restarts() -> TestResult {
     let dir = tempfile::tempdir()?;
     let http = reqwest::Client::new();
-    let (mut node, mut url) = start(dir.path()).await?;
+    let (mut node, mut url) = common::start_node(dir.path(), CLEANER).await?;
     let created = http
         .post(format!("{url}/topics"))
         .body(r#"{"name":"c","partitions":2,"replication_factor":1,"config":{"segment.bytes":"1024","delete.retention.ms":"0"}}"#)
@@ -72,7 +46,7 @@ async fn compaction_keeps_last_values_and_tombstones_across_restarts() -> TestRe
         // Let the cleaner run over the sealed segments, then restart.
         tokio::time::sleep(Duration::from_millis(800)).await;
         node.shutdown().await;
-        (node, url) = start(dir.path()).await?;
+        (node, url) = common::start_node(dir.path(), CLEANER).await?;
         for (k, want) in &expected {
             let r = http.get(format!("{url}/kv/c/key-{k}")).send().await?;
             match want {

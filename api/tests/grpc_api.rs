@@ -1,43 +1,22 @@
 //! The client gRPC API against an in-process single-node server: the same
 //! answers as the HTTP API, including binary keys, tombstones and fetch.
 
-use clap::Parser;
-use logdex_api::cli::Cli;
-use logdex_api::cli::Command;
+mod common;
+
+use common::TestResult;
 use logdex_api::grpc::pb;
 use logdex_api::grpc::pb::logdex_client::LogdexClient;
 use logdex_api::serve::RunningNode;
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-async fn single_node(dir: &std::path::Path) -> Result<RunningNode, Box<dyn std::error::Error>> {
-    let cli = Cli::parse_from([
-        "logdex",
-        "serve",
-        "--data-dir",
-        &dir.display().to_string(),
-        "--http-addr",
-        "127.0.0.1:0",
-        "--rpc-addr",
-        "127.0.0.1:0",
-    ]);
-    let Some(Command::Serve(args)) = cli.command else { return Err("not a serve command".into()) };
-    let node = logdex_api::serve::start(args).await?;
-    let http = reqwest::Client::new();
-    let url = format!("http://{}", node.http_addr);
-    for _ in 0..200 {
-        if http.get(format!("{url}/readyz")).send().await.map(|r| r.status().is_success()).unwrap_or(false) {
-            let created = http
-                .post(format!("{url}/topics"))
-                .body(r#"{"name":"t","partitions":2,"replication_factor":1}"#)
-                .send()
-                .await?;
-            assert!(created.status().is_success(), "create topic: {}", created.status());
-            return Ok(node);
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    Err("single node never became ready".into())
+async fn single_node(dir: &std::path::Path) -> TestResult<RunningNode> {
+    let (node, url) = common::start_node(dir, &[]).await?;
+    let created = reqwest::Client::new()
+        .post(format!("{url}/topics"))
+        .body(r#"{"name":"t","partitions":2,"replication_factor":1}"#)
+        .send()
+        .await?;
+    assert!(created.status().is_success(), "create topic: {}", created.status());
+    Ok(node)
 }
 
 /// Put, get (found and not found), delete and get again over gRPC, with a binary key.

@@ -1,0 +1,30 @@
+//! An in-process single-node server for the api crate's tests.
+
+use std::time::Duration;
+
+use clap::Parser;
+use logdex_api::cli::Cli;
+use logdex_api::cli::Command;
+use logdex_api::serve::RunningNode;
+
+pub type TestResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+/// Starts a single node on ephemeral loopback ports with data in `dir`,
+/// waits (bounded) until it is ready, and returns it with its HTTP base URL.
+pub async fn start_node(dir: &std::path::Path, extra: &[&str]) -> TestResult<(RunningNode, String)> {
+    let data_dir = dir.display().to_string();
+    let mut args =
+        vec!["logdex", "serve", "--data-dir", &data_dir, "--http-addr", "127.0.0.1:0", "--rpc-addr", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    let Some(Command::Serve(serve)) = Cli::parse_from(args).command else { return Err("not a serve command".into()) };
+    let node = logdex_api::serve::start(serve).await?;
+    let url = format!("http://{}", node.http_addr);
+    let http = reqwest::Client::new();
+    for _ in 0..300 {
+        if http.get(format!("{url}/readyz")).send().await.map(|r| r.status().is_success()).unwrap_or(false) {
+            return Ok((node, url));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err("node never became ready".into())
+}
