@@ -1,0 +1,106 @@
+//! A partition move survives the crash of the controller leader (issue: cluster
+//! moves): the move completes after re-election, the joined node serves every
+//! key, and the removed node deletes the partition's data when it comes back.
+
+use std::time::Duration;
+use std::time::Instant;
+
+use logdex_cluster_tests::Cluster;
+use logdex_cluster_tests::ClusterOptions;
+use logdex_cluster_tests::Error;
+use logdex_cluster_tests::Read;
+use logdex_cluster_tests::Result;
+use logdex_cluster_tests::TopicSpec;
+use logdex_cluster_tests::ensure;
+use logdex_cluster_tests::ensure_eq;
+use serde_json::Value;
+use serde_json::json;
+
+const TOPIC: &str = "mv";
+const KEYS: usize = 200;
+const MOVE_DEADLINE: Duration = Duration::from_secs(90);
+
+/// Starts 3 nodes plus a 4th that joins later; moves the partition off the
+/// controller leader's node onto node 4 and SIGKILLs the controller leader at
+/// once; writes continue through a surviving node; the move must complete,
+/// node 4 must answer every acknowledged key, and the killed node, restarted,
+/// must remove its copy of the partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn move_completes_after_the_controller_leader_is_killed() -> Result<()> {
+    let options = ClusterOptions { spare_nodes: 1, ..ClusterOptions::plain(3) };
+    let cluster = Cluster::start_with(options).await?;
+    let mut cluster = cluster;
+    let outcome = scenario(&mut cluster).await;
+    cluster.finish(outcome)
+}
+
+async fn scenario(cluster: &mut Cluster) -> Result<()> {
+    let api = cluster.api().clone();
+    api.create_topic(&cluster.url(1), &TopicSpec::compacted(TOPIC, 1, 3)).await?.expect_status(201)?;
+    cluster.wait_for_leaders(TOPIC, Duration::from_secs(20)).await?;
+    for k in 0..KEYS / 2 {
+        api.put(&cluster.url(1), TOPIC, format!("k-{k}").as_bytes(), format!("v-{k}").as_bytes())
+            .await?
+            .expect_status(200)?;
+    }
+    cluster.start_spare(4).await?;
+    let view: Value = api.cluster(&cluster.url(1)).await?.json()?;
+    let controller =
+        view["controller_leader"].as_u64().ok_or_else(|| Error::Check(format!("no controller leader: {view}")))?;
+    let mut target: Vec<u64> = [1, 2, 3].into_iter().filter(|n| *n != controller).collect();
+    target.push(4);
+    let survivor = target[0];
+    let moved = api
+        .request(
+            reqwest::Method::PUT,
+            &format!("{}/topics/{TOPIC}/partitions/0/replicas", cluster.url(survivor)),
+            Some(logdex_cluster_tests::client::Body::Json(json!({ "replicas": target }))),
+        )
+        .await?;
+    ensure!(moved.status == 202 || moved.status == 200, "move answered {}", moved.summary());
+    cluster.kill(controller)?;
+    let mut acknowledged = Vec::new();
+    for k in KEYS / 2..KEYS {
+        let (key, value) = (format!("k-{k}"), format!("v-{k}"));
+        for attempt in 0..40 {
+            let reply = api.put(&cluster.url(survivor), TOPIC, key.as_bytes(), value.as_bytes()).await?;
+            if reply.status == 200 {
+                acknowledged.push(k);
+                break;
+            }
+            ensure!(reply.status == 503 || reply.status == 504, "write {key} answered {}", reply.summary());
+            ensure!(attempt < 39, "write {key} never succeeded");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    let deadline = Instant::now() + MOVE_DEADLINE;
+    loop {
+        let d: Value = api.describe(&cluster.url(survivor), TOPIC).await?.json()?;
+        let p = &d["partitions"][0];
+        let replicas: Vec<u64> = p["replicas"].as_array().into_iter().flatten().filter_map(Value::as_u64).collect();
+        if p.get("move").is_none() && replicas == target {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "move not complete: {p}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for k in (0..KEYS / 2).chain(acknowledged.iter().copied()) {
+        let key = format!("k-{k}");
+        let read = Read::linearizable();
+        let reply = api.get(&cluster.url(4), TOPIC, key.as_bytes(), &read).await?;
+        reply.expect_status(200)?;
+        ensure_eq!(reply.text(), format!("v-{k}"), "node 4, key {key}");
+    }
+    cluster.restart(controller).await?;
+    let partitions = cluster.data_dir(controller).join("partitions");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = std::fs::read_dir(&partitions).map(|d| d.count()).unwrap_or(0);
+        if left == 0 {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "node {controller} still holds {left} partition directories");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(())
+}
