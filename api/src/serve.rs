@@ -121,11 +121,16 @@ impl ServeArgs {
             snapshot_every_entries: self.snapshot_every,
             log: LogConfig::default(),
             index: IndexConfig::default(),
-            // Outgoing node-to-node connections leave from the RPC listen IP
-            // (127.0.0.2 for a node listening there), unless it is a wildcard.
             cleaner_interval_ms: self.cleaner_interval_ms,
             controller_voters: self.controller_voters,
-            rpc_source_ip: Some(rpc_bound.ip()).filter(|ip| !ip.is_unspecified()),
+            // Outgoing node-to-node connections leave from the RPC listen IP
+            // when a node listens on its own loopback address (127.0.0.2, ...),
+            // so per-link fault proxies can tell callers apart. Not for
+            // 127.0.0.1 or a wildcard: binding before connecting reserves an
+            // ephemeral port, which can collide with a port another node will
+            // listen on.
+            rpc_source_ip: Some(rpc_bound.ip())
+                .filter(|ip| ip.is_loopback() && *ip != std::net::IpAddr::from([127, 0, 0, 1])),
             rpc_token: match &self.rpc_token_file {
                 Some(path) => Some(read_token(path)?),
                 None => None,

@@ -11,6 +11,10 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use futures::Stream;
+use futures::StreamExt;
+use openraft::base::BoxFuture;
+use openraft::base::BoxStream;
 use openraft::errors::ReplicationClosed;
 use openraft::errors::Unreachable;
 use openraft::network::Backoff;
@@ -20,6 +24,8 @@ use openraft::network::v2::RaftNetworkV2;
 use openraft::raft::AppendEntriesRequest;
 use openraft::raft::AppendEntriesResponse;
 use openraft::raft::SnapshotResponse;
+use openraft::raft::StreamAppendError;
+use openraft::raft::StreamAppendResult;
 use openraft::raft::VoteRequest;
 use openraft::raft::VoteResponse;
 use tonic::transport::Channel;
@@ -187,6 +193,26 @@ impl GroupConnection {
     }
 }
 
+fn append_request_to_pb(header: pb::GroupHeader, rpc: &AppendEntriesRequest<TypeConfig>) -> pb::AppendEntriesRequest {
+    pb::AppendEntriesRequest {
+        header: Some(header),
+        vote: Some(wire::vote_to_pb(&rpc.vote)),
+        prev_log_id: wire::opt_log_id_to_pb(rpc.prev_log_id.as_ref()),
+        entries: rpc.entries.iter().map(wire::entry_to_pb).collect(),
+        leader_commit: wire::opt_log_id_to_pb(rpc.leader_commit.as_ref()),
+    }
+}
+
+fn stream_append_result(resp: pb::StreamAppendResponse) -> Result<StreamAppendResult<TypeConfig>, RpcError> {
+    use pb::stream_append_response::Result as R;
+    match wire::required(resp.result, "StreamAppendResponse", "result").map_err(unreachable)? {
+        R::Flushed(l) => Ok(Ok(Some(wire::log_id_from_pb(&l)))),
+        R::Accepted(_) => Ok(Ok(None)),
+        R::Conflict(l) => Ok(Err(StreamAppendError::Conflict(wire::log_id_from_pb(&l)))),
+        R::HigherVote(v) => Ok(Err(StreamAppendError::HigherVote(wire::vote_from_pb(&v)))),
+    }
+}
+
 fn vote_response(resp: pb::VoteResponse) -> Result<VoteResponse<TypeConfig>, RpcError> {
     let vote = wire::required(resp.vote, "VoteResponse", "vote").map_err(unreachable)?;
     Ok(VoteResponse::new(
@@ -204,13 +230,7 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RpcError> {
-        let request = pb::AppendEntriesRequest {
-            header: Some(self.header),
-            vote: Some(wire::vote_to_pb(&rpc.vote)),
-            prev_log_id: wire::opt_log_id_to_pb(rpc.prev_log_id.as_ref()),
-            entries: rpc.entries.iter().map(wire::entry_to_pb).collect(),
-            leader_commit: wire::opt_log_id_to_pb(rpc.leader_commit.as_ref()),
-        };
+        let request = append_request_to_pb(self.header, &rpc);
         let resp =
             self.client()?.append_entries(with_deadline(request, &option)).await.map_err(unreachable)?.into_inner();
         use pb::append_entries_response::Result as R;
@@ -222,6 +242,25 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
             R::Conflict(_) => Ok(AppendEntriesResponse::Conflict),
             R::HigherVote(v) => Ok(AppendEntriesResponse::HigherVote(wire::vote_from_pb(&v))),
         }
+    }
+
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        _option: RPCOption,
+    ) -> BoxFuture<'s, Result<BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RpcError>>, RpcError>>
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
+    {
+        let header = self.header;
+        let client = self.client();
+        Box::pin(async move {
+            let mut client = client?;
+            let requests = input.map(move |rpc| append_request_to_pb(header, &rpc));
+            let responses = client.stream_append(requests).await.map_err(unreachable)?.into_inner();
+            let results = responses.map(|item| stream_append_result(item.map_err(unreachable)?));
+            Ok(Box::pin(results) as BoxStream<'s, _>)
+        })
     }
 
     async fn vote(

@@ -227,8 +227,61 @@ fn sync_dirs(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
+fn append_request_from_pb(
+    req: pb::AppendEntriesRequest,
+) -> Result<openraft::raft::AppendEntriesRequest<crate::types::TypeConfig>, Status> {
+    let vote = wire::required(req.vote, "AppendEntriesRequest", "vote").map_err(bad)?;
+    Ok(openraft::raft::AppendEntriesRequest {
+        vote: wire::vote_from_pb(&vote),
+        prev_log_id: wire::opt_log_id_from_pb(req.prev_log_id.as_ref()),
+        entries: wire::entries_from_pb(req.entries).map_err(bad)?,
+        leader_commit: wire::opt_log_id_from_pb(req.leader_commit.as_ref()),
+    })
+}
+
+/// Answers of a pipelined append stream.
+pub type StreamAppendAnswers =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::StreamAppendResponse, Status>> + Send + 'static>>;
+
 #[tonic::async_trait]
 impl RaftService for Service {
+    type StreamAppendStream = StreamAppendAnswers;
+
+    async fn stream_append(
+        &self,
+        request: Request<Streaming<pb::AppendEntriesRequest>>,
+    ) -> Result<Response<Self::StreamAppendStream>, Status> {
+        use futures::StreamExt;
+        use openraft::raft::StreamAppendError;
+        use pb::stream_append_response::Result as R;
+        let mut input = request.into_inner();
+        let first = input.message().await?.ok_or_else(|| Status::invalid_argument("empty append stream"))?;
+        let header = first.header;
+        let raft = self.raft_for(header)?;
+        let first = append_request_from_pb(first)?;
+        // The stream ends at the first request for another group, that fails to
+        // decode, or at a transport error; openraft then reopens it.
+        let rest = futures::stream::unfold(input, move |mut input| async move {
+            let next = input.message().await.ok()??;
+            if next.header != header {
+                return None;
+            }
+            let rpc = append_request_from_pb(next).ok()?;
+            Some((rpc, input))
+        });
+        let requests = futures::stream::once(futures::future::ready(first)).chain(rest);
+        let answers = raft.stream_append(requests).map(|item| {
+            let result = match item.map_err(fatal)? {
+                Ok(Some(l)) => R::Flushed(wire::log_id_to_pb(&l)),
+                Ok(None) => R::Accepted(pb::Blank {}),
+                Err(StreamAppendError::Conflict(l)) => R::Conflict(wire::log_id_to_pb(&l)),
+                Err(StreamAppendError::HigherVote(v)) => R::HigherVote(wire::vote_to_pb(&v)),
+            };
+            Ok(pb::StreamAppendResponse { result: Some(result) })
+        });
+        Ok(Response::new(Box::pin(answers)))
+    }
+
     async fn install_snapshot(
         &self,
         request: Request<Streaming<pb::SnapshotChunk>>,
@@ -271,13 +324,7 @@ impl RaftService for Service {
     ) -> Result<Response<pb::AppendEntriesResponse>, Status> {
         let req = request.into_inner();
         let raft = self.raft_for(req.header)?;
-        let vote = wire::required(req.vote, "AppendEntriesRequest", "vote").map_err(bad)?;
-        let rpc = openraft::raft::AppendEntriesRequest {
-            vote: wire::vote_from_pb(&vote),
-            prev_log_id: wire::opt_log_id_from_pb(req.prev_log_id.as_ref()),
-            entries: wire::entries_from_pb(req.entries).map_err(bad)?,
-            leader_commit: wire::opt_log_id_from_pb(req.leader_commit.as_ref()),
-        };
+        let rpc = append_request_from_pb(req)?;
         let resp = raft.append_entries(rpc).await.map_err(fatal)?;
         use openraft::raft::AppendEntriesResponse as A;
         use pb::append_entries_response::Result as R;
