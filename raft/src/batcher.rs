@@ -20,7 +20,7 @@ use crate::error::Result;
 use crate::types::GroupId;
 
 /// Entries of one group being committed at once.
-pub const IN_FLIGHT_MAX: usize = 1;
+pub const IN_FLIGHT_MAX: usize = 4;
 /// Requests waiting in one group's queue before producers wait.
 pub const QUEUE_MAX: usize = 8192;
 /// Bounds on one entry: records, and approximate bytes (below Kafka's default
