@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Chaos soak and mutation check (cluster-tests/README.md).
 #
-#   scripts/chaos.sh --minutes N [--seed S] [--scenario NAME]
+#   scripts/chaos.sh --minutes N [--seed S] [--scenario NAME] [--keep-going]
 #       Soak: mixed faults on 5 nodes (or one CI scenario with --scenario, repeated) in rounds of
-#       at most 5 minutes, each checked, until N minutes are up. Round k uses seed S+k.
+#       at most 5 minutes, each checked, until N minutes are up. Round k uses seed S+k. It stops
+#       at the first failed round, or with --keep-going runs on and reports every failed round.
 #       Scenarios: baseline kill_one kill_all power_loss pause_leader isolate_leader flaky
 #       snapshot_catchup partition_move mixed.
 #   scripts/chaos.sh --mutants [--seed S]
@@ -20,13 +21,15 @@ minutes=""
 seed=""
 scenario=""
 mutants=0
+keep_going=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --minutes) minutes="$2"; shift 2 ;;
         --seed) seed="$2"; shift 2 ;;
         --scenario) scenario="$2"; shift 2 ;;
         --mutants) mutants=1; shift ;;
-        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+        --keep-going) keep_going=1; shift ;;
+        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
         *) echo "chaos.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -46,14 +49,15 @@ stamp="$(date +%Y%m%d-%H%M%S)"
 run_soak() {
     local log="target/chaos/soak-$stamp.log"
     echo "chaos.sh: soak of $minutes minutes, seed $seed${scenario:+, scenario $scenario}; output in $log"
+    echo "chaos.sh: server binary ${LOGDEX_BIN:-target/debug/logdex}"
     cargo build -p logdex-api
     cargo test -p logdex-cluster-tests --test chaos_soak --no-run
     local bound=$(( minutes * 60 + 900 ))
-    local status=0
-    LOGDEX_CHAOS_MINUTES="$minutes" LOGDEX_CHAOS_SEED="$seed" ${scenario:+LOGDEX_CHAOS_SCENARIO="$scenario"} \
+    LOGDEX_CHAOS_MINUTES="$minutes" LOGDEX_CHAOS_SEED="$seed" LOGDEX_CHAOS_SCENARIO="$scenario" \
+        LOGDEX_CHAOS_KEEP_GOING="$keep_going" \
         timeout "$bound" cargo test -p logdex-cluster-tests --test chaos_soak -- --nocapture 2>&1 \
-        | grep -v '^20[0-9][0-9]-[0-9][0-9]-[0-9][0-9]T' | tee "$log" || status=$?
-    status=${PIPESTATUS[0]:-$status}
+        | grep --line-buffered -v '^20[0-9][0-9]-[0-9][0-9]-[0-9][0-9]T' >"$log" || true
+    grep -E '^\[soak\]|PASSED in|FAILED in' "$log" || true
     if grep -q "test result: ok" "$log"; then
         echo "chaos.sh: soak PASSED: $(grep -c 'PASSED in' "$log") rounds (seed $seed, $minutes minutes)"
         return 0
@@ -83,7 +87,7 @@ run_mutants() {
             echo "chaos.sh: $feature, attempt $attempt: $test with seed $s (output in $log)"
             if LOGDEX_BIN="$root/target/mutants/logdex-$feature" LOGDEX_CHAOS_SEED="$s" \
                 timeout 600 cargo test -p logdex-cluster-tests --test "$file" "$test" -- --nocapture 2>&1 \
-                | grep -v '^20[0-9][0-9]-[0-9][0-9]-[0-9][0-9]T' >"$log"; then :; fi
+                | grep --line-buffered -v '^20[0-9][0-9]-[0-9][0-9]-[0-9][0-9]T' >"$log"; then :; fi
             if grep -q "test result: ok" "$log"; then
                 echo "chaos.sh: $feature survived attempt $attempt"
                 continue

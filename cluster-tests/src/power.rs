@@ -211,7 +211,8 @@ fn cut_file(
         survivor.clear();
     }
     // A journal is preallocated with zeros: only its written bytes count as lost.
-    let written_end = if kind == Kind::Journal { written_end(&mut file, keep, len).map_err(io("scanning"))? } else { len };
+    let written_end =
+        if kind == Kind::Journal { written_end(&mut file, keep, len).map_err(io("scanning"))? } else { len };
     file.set_len(keep).map_err(io("truncating"))?;
     if !survivor.is_empty() {
         file.seek(SeekFrom::Start(keep)).map_err(io("seeking"))?;

@@ -18,6 +18,8 @@ use logdex_cluster_tests::chaos::scenario::run_seeded;
 
 const MINUTES_ENV: &str = "LOGDEX_CHAOS_MINUTES";
 const SCENARIO_ENV: &str = "LOGDEX_CHAOS_SCENARIO";
+/// `1`: run every round even after a failed one, and fail at the end listing them.
+const KEEP_GOING_ENV: &str = "LOGDEX_CHAOS_KEEP_GOING";
 const ROUND_MINUTES_MAX: u64 = 5;
 
 fn named(name: &str) -> Result<Scenario> {
@@ -51,11 +53,13 @@ async fn chaos_soak_mixed_faults_on_five_nodes() -> Result<()> {
         s.cooldown = Duration::from_secs(6);
         return logdex_cluster_tests::chaos::scenario::run(s).await;
     };
-    let scenario = std::env::var(SCENARIO_ENV).ok();
+    let scenario = std::env::var(SCENARIO_ENV).ok().filter(|s| !s.trim().is_empty());
     let first_seed = chaos_seed("soak")?;
     let deadline = Instant::now() + Duration::from_secs(minutes * 60);
+    let keep_going = std::env::var(KEEP_GOING_ENV).is_ok_and(|v| v.trim() == "1");
     let mut rounds = 0u64;
     let mut passed = 0u64;
+    let mut failed = Vec::new();
     while Instant::now() < deadline && rounds < 10_000 {
         let left_minutes = (deadline - Instant::now()).as_secs().div_ceil(60).clamp(1, ROUND_MINUTES_MAX);
         let mut s = match &scenario {
@@ -66,9 +70,16 @@ async fn chaos_soak_mixed_faults_on_five_nodes() -> Result<()> {
         let seed = first_seed.wrapping_add(rounds);
         eprintln!("[soak] round {rounds}: {} with seed {seed}, {:?} left", s.name, deadline - Instant::now());
         rounds += 1;
-        run_seeded(s, seed).await?;
-        passed += 1;
+        match run_seeded(s, seed).await {
+            Ok(()) => passed += 1,
+            Err(e) if keep_going => failed.push(format!("round {} (seed {seed}): {e}", rounds - 1)),
+            Err(e) => return Err(e),
+        }
     }
-    eprintln!("[soak] {passed} rounds passed in {minutes} minutes (first seed {first_seed})");
-    Ok(())
+    eprintln!("[soak] {passed} of {rounds} rounds passed in {minutes} minutes (first seed {first_seed})");
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Check(format!("{} rounds failed:\n  {}", failed.len(), failed.join("\n  "))))
+    }
 }

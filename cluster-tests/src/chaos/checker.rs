@@ -21,6 +21,13 @@ use crate::chaos::op::Request;
 /// The final log of each partition, dense from offset 0.
 pub type FinalLogs = BTreeMap<u32, Vec<LogRecord>>;
 
+/// Where each value is in the final logs: `(partition, offset, key)` per occurrence.
+type Located<'a> = HashMap<&'a str, Vec<(u32, u64, Option<&'a str>)>>;
+
+/// An acknowledged write for the real-time order check:
+/// `(invoke, complete, lowest offset, highest offset, index in the history)`.
+type AckedSpan = (Nanos, Nanos, u64, u64, usize);
+
 /// Violations found by one checker: how many, and the first ones in full.
 #[derive(Clone, Debug)]
 pub struct Findings {
@@ -95,7 +102,7 @@ pub fn check_log(ops: &[Op], logs: &FinalLogs) -> Findings {
         }
     }
     // Where each value is in the logs; tombstones per key.
-    let mut located: HashMap<&str, Vec<(u32, u64, Option<&str>)>> = HashMap::new();
+    let mut located: Located<'_> = HashMap::new();
     let mut tombstones: HashMap<&str, Vec<(u32, u64)>> = HashMap::new();
     for (p, log) in logs {
         for r in log {
@@ -171,11 +178,11 @@ pub fn check_log(ops: &[Op], logs: &FinalLogs) -> Findings {
     for op in ops {
         check_read_against_log(op, logs, &mut f);
     }
-    check_real_time_order(ops, &mut f);
+    check_real_time_order(ops, &located, &mut f);
     f
 }
 
-fn check_write(op: &Op, logs: &FinalLogs, located: &HashMap<&str, Vec<(u32, u64, Option<&str>)>>, f: &mut Findings) {
+fn check_write(op: &Op, logs: &FinalLogs, located: &Located<'_>, f: &mut Findings) {
     let records = sent(op);
     match &op.outcome {
         Outcome::Written { partition, offsets } => {
@@ -279,13 +286,26 @@ fn check_read_against_log(op: &Op, logs: &FinalLogs, f: &mut Findings) {
 
 /// If write A was acknowledged before write B was invoked (same partition), A's offsets are
 /// below B's. Sort by completion, sweep by invocation with the running maximum.
-fn check_real_time_order(ops: &[Op], f: &mut Findings) {
-    let mut by_partition: HashMap<u32, Vec<(Nanos, Nanos, u64, u64, usize)>> = HashMap::new();
+fn check_real_time_order(ops: &[Op], located: &Located<'_>, f: &mut Findings) {
+    let mut by_partition: HashMap<u32, Vec<AckedSpan>> = HashMap::new();
     for (i, op) in ops.iter().enumerate() {
         if let Outcome::Written { partition, offsets } = &op.outcome
             && let (Some(lo), Some(hi)) = (offsets.iter().min(), offsets.iter().max())
         {
             by_partition.entry(*partition).or_default().push((op.invoke, op.complete, *lo, *hi, i));
+        }
+        // An unanswered write that took effect must still follow every write acknowledged
+        // before it began; it never completed, so it only ever plays the later part.
+        if let Outcome::Indeterminate { .. } = &op.outcome {
+            let places: Vec<(u32, u64)> = sent(op)
+                .iter()
+                .filter_map(|(_, v)| v.and_then(|v| located.get(v)).and_then(|p| p.first()).map(|(p, o, _)| (*p, *o)))
+                .collect();
+            if let (Some(&(partition, _)), Some(lo), Some(hi)) =
+                (places.first(), places.iter().map(|p| p.1).min(), places.iter().map(|p| p.1).max())
+            {
+                by_partition.entry(partition).or_default().push((op.invoke, Nanos::MAX, lo, hi, i));
+            }
         }
     }
     for (p, writes) in by_partition {
@@ -581,18 +601,20 @@ pub fn check_sessions(ops: &[Op], logs: &FinalLogs) -> Findings {
 /// offset m) answers once the replica's high watermark passed m, with that write or a later one.
 fn check_min_offset(op: &Op, kw: &KeyWrites, m: u64, f: &mut Findings) {
     match &op.outcome {
-        Outcome::Found { offset, high_watermark, .. } => {
-            if *high_watermark <= m || *offset < m {
-                f.add(format!(
-                    "read-your-writes: min_offset {m} answered offset {offset} at high watermark {high_watermark}: {}",
-                    op.brief()
-                ));
-            }
+        Outcome::Found { offset, high_watermark, .. } if *high_watermark <= m || *offset < m => {
+            f.add(format!(
+                "read-your-writes: min_offset {m} answered offset {offset} at high watermark {high_watermark}: {}",
+                op.brief()
+            ));
         }
         Outcome::NotFound { high_watermark, .. } => {
             let tombstone = kw.writes.iter().any(|(o, v)| v.is_none() && *o >= m && o < high_watermark);
             if *high_watermark <= m || !tombstone {
-                f.add(format!("read-your-writes: min_offset {m} answered 404 at high watermark {high_watermark} with no tombstone in [{m}, {high_watermark}): {}", op.brief()));
+                f.add(format!(
+                    "read-your-writes: min_offset {m} answered 404 at high watermark {high_watermark} with no \
+                     tombstone in [{m}, {high_watermark}): {}",
+                    op.brief()
+                ));
             }
         }
         _ => {}
@@ -707,6 +729,12 @@ mod tests {
         let swapped =
             FinalLogs::from([(0, vec![rec(0, "k", Some("b")), rec(1, "k", Some("a")), rec(2, "k", Some("c"))])]);
         expect_fail(&order[..3], &swapped, "real-time order");
+
+        // An unanswered write invoked after an acknowledged one took effect before it.
+        let late =
+            vec![op(0, 0, (10, 20), put("k", "a"), written(1)), op(1, 1, (30, 40), put("k", "x"), indeterminate())];
+        let early = FinalLogs::from([(0, vec![rec(0, "k", Some("x")), rec(1, "k", Some("a"))])]);
+        expect_fail(&late, &early, "real-time order");
     }
 
     /// C2 fails on a stale read, a read from the future and non-monotonic reads.

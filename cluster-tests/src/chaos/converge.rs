@@ -182,3 +182,27 @@ async fn compare_key_answers(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! C4's self-test: a replica that differs from the leader, by a record or by length, fails.
+
+    use super::*;
+
+    fn rec(offset: u64, value: &str) -> LogRecord {
+        LogRecord { offset, key: Some("k".into()), value: Some(value.into()) }
+    }
+
+    #[test]
+    fn replica_comparison_fails_on_any_difference() {
+        let leader = vec![rec(0, "a"), rec(1, "b")];
+        let mut f = Findings::new("C4");
+        compare_logs(0, 1, &leader, 2, &leader.clone(), &mut f);
+        assert!(f.is_ok(), "{f}");
+        compare_logs(0, 1, &leader, 2, &[rec(0, "a"), rec(1, "x")], &mut f);
+        compare_logs(0, 1, &leader, 3, &[rec(0, "a")], &mut f);
+        assert_eq!(f.count, 2, "{f}");
+        let expected = expected_answers(&FinalLogs::from([(0, leader)]));
+        assert_eq!(expected.get("k"), Some(&(0, Some((1, "b".to_string())))));
+    }
+}

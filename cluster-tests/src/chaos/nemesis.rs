@@ -512,10 +512,24 @@ impl Nemesis<'_> {
         None
     }
 
-    /// Moves `partition` to `target` and kills `victim` shortly after (a kill mid-move), then
-    /// restarts it and waits for the move to finish. Evidence: the move was still in progress
-    /// when the victim died, and it finished with the target replicas.
-    pub async fn move_with_kill(&mut self, partition: u32, target: Vec<u64>, victim: Victim) -> Result<()> {
+    /// Moves `partition` to `target` and kills `victim` 0 to 300 ms later (a kill mid-move),
+    /// then restarts it and waits for the move to finish. Evidence: the move finished with the
+    /// target replicas, and (when `mid_move_required`) it was still in progress at the kill.
+    pub async fn move_with_kill(
+        &mut self,
+        partition: u32,
+        target: Vec<u64>,
+        victim: Victim,
+        mid_move_required: bool,
+    ) -> Result<()> {
+        // A node that gains or loses the replica starts new client sessions: its next follower
+        // reads come from another replica (a fresh one may be behind the one it replaces).
+        let before: Vec<u64> = self.layout(&[]).await.get(&partition).map(|(_, r, _)| r.clone()).unwrap_or_default();
+        let changed: Vec<u64> =
+            before.iter().chain(&target).copied().filter(|n| before.contains(n) != target.contains(n)).collect();
+        for node in &changed {
+            self.state.bump_epoch(*node);
+        }
         let body = serde_json::json!({ "replicas": target });
         let url =
             format!("{}/topics/{}/partitions/{partition}/replicas", self.cluster.url(self.responsive()[0]), self.topic);
@@ -526,10 +540,18 @@ impl Nemesis<'_> {
         }
         self.note(EventKind::Fault, format!("move partition {partition} to nodes {target:?}"), None);
         let index = self.events.len() - 1;
-        let delay = self.random_duration(Duration::from_millis(200), Duration::from_millis(900));
+        let delay = self.random_duration(Duration::ZERO, Duration::from_millis(300));
         tokio::time::sleep(delay).await;
         let layout = self.layout(&[]).await;
-        let moving = layout.get(&partition).is_some_and(|(_, _, m)| *m);
+        // Mid-move: not yet finished (in progress, or not even visible in this node's copy of
+        // the controller state yet).
+        let moving = layout.get(&partition).is_some_and(|(_, replicas, in_progress)| {
+            let mut now = replicas.clone();
+            now.sort_unstable();
+            let mut wanted = target.clone();
+            wanted.sort_unstable();
+            *in_progress || now != wanted
+        });
         let victim = match victim {
             Victim::Leader => layout.get(&partition).and_then(|(l, _, _)| *l).unwrap_or(target[0]),
             Victim::Node(id) => id,
@@ -548,9 +570,12 @@ impl Nemesis<'_> {
                 let mut now = replicas.clone();
                 now.sort_unstable();
                 if now == wanted && !in_progress {
+                    for node in &changed {
+                        self.state.bump_epoch(*node);
+                    }
                     self.confirm(
                         index,
-                        moving,
+                        moving || !mid_move_required,
                         format!("move in progress at the kill: {moving}; finished with replicas {now:?}"),
                     );
                     return Ok(());

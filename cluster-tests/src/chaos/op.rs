@@ -360,4 +360,4 @@ fn fetched(reply: &Reply) -> Outcome {
 
 /// Workload requests are bounded tighter than the harness's own (a client must move on while
 /// a partition heals).
-pub const OP_TIMEOUT: Duration = Duration::from_secs(6);
+pub const OP_TIMEOUT: Duration = Duration::from_secs(5);

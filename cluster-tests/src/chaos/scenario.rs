@@ -377,7 +377,7 @@ async fn partition_moves(n: &mut Nemesis<'_>, _workload: &Workload) -> Result<()
             replicas[n.rng.random_range(0..replicas.len())]
         };
         let target: Vec<u64> = replicas.iter().map(|r| if *r == replaced { spare } else { *r }).collect();
-        n.move_with_kill(p, target, victim).await?;
+        n.move_with_kill(p, target, victim, true).await?;
         n.hold(Duration::from_secs(3)).await?;
     }
     Ok(())
@@ -463,7 +463,7 @@ async fn mixed(n: &mut Nemesis<'_>, s: &Scenario, window_end: Instant) -> Result
                         let target: Vec<u64> =
                             replicas.iter().map(|r| if *r == replaced { incoming } else { *r }).collect();
                         let victim = if n.rng.random_bool(0.5) { Victim::Leader } else { Victim::Node(incoming) };
-                        n.move_with_kill(p, target, victim).await?;
+                        n.move_with_kill(p, target, victim, false).await?;
                     }
                 }
             }
@@ -567,7 +567,13 @@ fn report(s: &Scenario, seed: u64, ops: &[Op], events: &[Event], logs: &FinalLog
     let last = ops.iter().map(|o| o.complete).max().unwrap_or(0);
     let mut phases = [(0u64, 0u64); 3];
     for op in ops.iter().filter(|o| matches!(o.outcome, Outcome::Written { .. })) {
-        let phase = if op.invoke < start { 0 } else if op.invoke < end { 1 } else { 2 };
+        let phase = if op.invoke < start {
+            0
+        } else if op.invoke < end {
+            1
+        } else {
+            2
+        };
         phases[phase].0 += 1;
     }
     let spans = [start.min(last), end.min(last).saturating_sub(start.min(last)), last.saturating_sub(end.min(last))];
@@ -621,5 +627,79 @@ impl Artifacts {
             Ok(()) => eprintln!("[chaos {}] history and checker report saved in {}", self.scenario, self.dir.display()),
             Err(e) => eprintln!("[chaos {}] could not save the history in {}: {e}", self.scenario, self.dir.display()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! C5's self-test: a run without its fault, a fault without evidence, or too little work
+    //! fails.
+
+    use super::*;
+    use crate::chaos::nemesis::Evidence;
+    use crate::chaos::op::ReadKind;
+
+    fn ops(writes_per_phase: [u64; 3], at: [u64; 3]) -> Vec<Op> {
+        let mut ops = Vec::new();
+        for (phase, count) in writes_per_phase.iter().enumerate() {
+            for i in 0..*count {
+                let request = Request::Put { key: "k".into(), value: format!("v{phase}.{i}"), forward: true };
+                let outcome = Outcome::Written { partition: 0, offsets: vec![ops.len() as u64] };
+                ops.push(Op {
+                    id: ops.len(),
+                    client: 0,
+                    node: 1,
+                    node_epoch: (1, 1),
+                    invoke: at[phase] + i,
+                    complete: at[phase] + i + 1,
+                    request,
+                    outcome,
+                });
+            }
+        }
+        for (kind, count) in [(Some(ReadKind::Linearizable), 50), (Some(ReadKind::Follower), 30), (None, 20)] {
+            for _ in 0..count {
+                let (request, outcome) = match kind {
+                    Some(mode) => (
+                        Request::Get { key: "k".into(), mode, min_offset: None, partition: None },
+                        Outcome::NotFound { partition: 0, high_watermark: 0, node: 1 },
+                    ),
+                    None => (
+                        Request::Fetch { partition: 0, offset: 0, max_records: 1 },
+                        Outcome::Fetched { records: Vec::new(), next_offset: 0, high_watermark: 0, node: 1 },
+                    ),
+                };
+                ops.push(Op {
+                    id: ops.len(),
+                    client: 1,
+                    node: 1,
+                    node_epoch: (1, 1),
+                    invoke: 1,
+                    complete: 2,
+                    request,
+                    outcome,
+                });
+            }
+        }
+        ops
+    }
+
+    fn event(at: u64, kind: EventKind, ok: Option<bool>) -> Event {
+        Event { at, kind, what: "fault".into(), evidence: ok.map(|ok| Evidence { ok, detail: String::new() }) }
+    }
+
+    #[test]
+    fn coverage_checker_fails_runs_that_did_not_exercise_the_fault() {
+        let want = Scenario::ci("test", Faults::KillOne).coverage;
+        let good_ops = ops([40, 40, 40], [0, 1_000, 2_000]);
+        let good_events = vec![event(1_000, EventKind::Fault, Some(true)), event(1_900, EventKind::Heal, None)];
+        let f = check_coverage(&good_ops, &good_events, &want);
+        assert!(f.is_ok(), "{f}");
+
+        assert!(!check_coverage(&good_ops, &[], &want).is_ok(), "no fault happened");
+        let unproven = vec![event(1_000, EventKind::Fault, Some(false)), event(1_900, EventKind::Heal, None)];
+        assert!(!check_coverage(&good_ops, &unproven, &want).is_ok(), "a fault without evidence");
+        let idle = ops([40, 0, 40], [0, 1_000, 2_000]);
+        assert!(!check_coverage(&idle, &good_events, &want).is_ok(), "no write while the fault was on");
     }
 }

@@ -149,6 +149,7 @@ impl Workload {
                     own_writes: HashMap::new(),
                     cursors: HashMap::new(),
                     suspects: HashMap::new(),
+                    strikes: HashMap::new(),
                     ops: Vec::new(),
                 };
                 tokio::spawn(client.run())
@@ -203,6 +204,8 @@ struct Client {
     cursors: HashMap<(u64, u32), (u64, u64)>,
     /// Nodes that lately left an operation without an answer, until when they are avoided.
     suspects: HashMap<u64, Instant>,
+    /// Consecutive unanswered operations per node (at most 3).
+    strikes: HashMap<u64, u32>,
     ops: Vec<Op>,
 }
 
@@ -288,8 +291,17 @@ impl Client {
 
     /// Updates the client's own view after an answer.
     fn learn(&mut self, node: u64, epoch: u64, request: &Request, outcome: &Outcome) {
-        if matches!(outcome, Outcome::Indeterminate { .. }) {
-            self.suspects.insert(node, Instant::now() + SUSPECT_FOR);
+        match outcome {
+            // Back off a node that keeps leaving operations unanswered: 5, 10, 20 s.
+            Outcome::Indeterminate { .. } => {
+                let strikes = self.strikes.entry(node).or_default();
+                *strikes = (*strikes + 1).min(3);
+                self.suspects.insert(node, Instant::now() + SUSPECT_FOR * (1 << (*strikes - 1)));
+            }
+            Outcome::Definite { .. } => {}
+            _ => {
+                self.strikes.remove(&node);
+            }
         }
         if outcome.is_ok() {
             let counter = if matches!(outcome, Outcome::Written { .. }) {
