@@ -29,7 +29,7 @@ while [[ $# -gt 0 ]]; do
         --scenario) scenario="$2"; shift 2 ;;
         --mutants) mutants=1; shift ;;
         --keep-going) keep_going=1; shift ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
         *) echo "chaos.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done

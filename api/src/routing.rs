@@ -46,6 +46,8 @@ pub struct Hop {
 impl Router {
     pub fn new(node: Node) -> Router {
         let http = reqwest::Client::builder()
+            // Forwarded requests leave from the node's own address, as its RPC does.
+            .local_address(node.config().rpc_source_ip)
             .pool_idle_timeout(Duration::from_secs(60))
             .tcp_nodelay(true)
             .timeout(Duration::from_secs(30))

@@ -167,6 +167,11 @@ impl Node {
                 // Replicate as soon as the leader appended (its fsync runs in
                 // parallel with the followers'), instead of after it flushed.
                 broadcast_submitted_on_append: Some(true),
+                // A restarted leader must not resume leadership (and serve lease
+                // reads) from its own vote: the state machine is durable only at
+                // checkpoints and the committed log id is not fsynced, so it may
+                // be behind what it acknowledged. Found by the chaos soak.
+                enable_leader_restore: Some(false),
                 ..Default::default()
             }
             .validate()
