@@ -540,7 +540,9 @@ impl Nemesis<'_> {
         }
         self.note(EventKind::Fault, format!("move partition {partition} to nodes {target:?}"), None);
         let index = self.events.len() - 1;
-        let delay = self.random_duration(Duration::ZERO, Duration::from_millis(300));
+        // Moves finish in tens of milliseconds on an idle cluster: kill within
+        // the first 20 ms so the kill lands mid-move (C5 requires it).
+        let delay = self.random_duration(Duration::ZERO, Duration::from_millis(20));
         tokio::time::sleep(delay).await;
         let layout = self.layout(&[]).await;
         // Mid-move: not yet finished (in progress, or not even visible in this node's copy of
