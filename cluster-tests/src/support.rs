@@ -17,13 +17,7 @@ pub const SEED_ENV: &str = "LOGDEX_TEST_SEED";
 /// The seed of a randomized test: `LOGDEX_TEST_SEED` if set, else a fresh one. Printed (the
 /// test runner shows it when the test fails) so that any failure replays.
 pub fn test_rng(test: &str) -> Result<(u64, StdRng)> {
-    let seed = match std::env::var(SEED_ENV) {
-        Ok(text) => text
-            .trim()
-            .parse::<u64>()
-            .map_err(|_| Error::Check(format!("{SEED_ENV}={text:?} is not an unsigned integer")))?,
-        Err(_) => rand::random::<u64>(),
-    };
+    let seed = seed_from_env(SEED_ENV)?;
     eprintln!("[{test}] seed {seed} (replay with {SEED_ENV}={seed})");
     Ok((seed, StdRng::seed_from_u64(seed)))
 }
@@ -122,5 +116,16 @@ impl Failures {
             self.first.len(),
             self.first.join("\n  - ")
         )))
+    }
+}
+
+/// The seed in environment variable `var` if set (an error if it is not a
+/// number), else a fresh random one.
+pub fn seed_from_env(var: &str) -> Result<u64> {
+    match std::env::var(var) {
+        Ok(text) => {
+            text.trim().parse::<u64>().map_err(|_| Error::Check(format!("{var}={text:?} is not an unsigned integer")))
+        }
+        Err(_) => Ok(rand::random::<u64>()),
     }
 }

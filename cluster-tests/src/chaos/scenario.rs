@@ -169,13 +169,7 @@ impl Scenario {
 
 /// The seed of a chaos run: `LOGDEX_CHAOS_SEED` if set, else a fresh one; printed.
 pub fn chaos_seed(name: &str) -> Result<u64> {
-    let seed = match std::env::var(SEED_ENV) {
-        Ok(text) => text
-            .trim()
-            .parse::<u64>()
-            .map_err(|_| Error::Check(format!("{SEED_ENV}={text:?} is not an unsigned integer")))?,
-        Err(_) => rand::random::<u64>(),
-    };
+    let seed = crate::support::seed_from_env(SEED_ENV)?;
     eprintln!("[chaos {name}] seed {seed} (replay with {SEED_ENV}={seed})");
     Ok(seed)
 }
