@@ -1,12 +1,23 @@
-//! Batches concurrent produce requests to one partition into one Raft entry
-//! (DESIGN.md section 4): one log append, one replication message and one
-//! apply for many client requests.
+//! Batches concurrent produce requests to one partition (DESIGN.md section 4).
 //!
-//! A task per hosted partition drains the queue whenever fewer than
-//! [`IN_FLIGHT_MAX`] entries are being committed, encodes everything queued
-//! (up to the size bounds) as one Kafka record batch, proposes it, and hands
-//! each request its own offsets. Records of one request stay contiguous and
-//! requests keep their queue order.
+//! On the leader, one batch is one Raft entry: one log append, one replication
+//! message and one apply for many client requests. On a node that forwards
+//! writes to the leader, one batch is one `Produce` RPC.
+//!
+//! A task per batcher drains the queue whenever fewer than [`IN_FLIGHT_MAX`]
+//! batches are outstanding, takes everything queued (up to the size bounds),
+//! proposes it, and hands each request its own offsets. Records of one request
+//! stay contiguous and requests keep their queue order.
+//!
+//! To ensure correctness:
+//! - A batch is atomic: it is appended whole or not at all, so every request of
+//!   a failed batch gets the batch's error, with the same definite or
+//!   indeterminate meaning.
+//! - Batching never changes what a request alone would get: when a batch of
+//!   several requests is refused as invalid (a topic's `max.message.bytes`
+//!   below the combined size, say), nothing was appended, and each request is
+//!   proposed again on its own, so only a request that is invalid by itself
+//!   fails.
 
 use std::sync::Arc;
 
@@ -18,13 +29,14 @@ use tokio::sync::oneshot;
 use crate::error::Error;
 use crate::error::Result;
 use crate::types::GroupId;
+use crate::types::NodeId;
 
-/// Entries of one group being committed at once.
+/// Batches of one batcher being committed at once.
 pub const IN_FLIGHT_MAX: usize = 4;
 /// Requests waiting in one group's queue before producers wait.
 pub const QUEUE_MAX: usize = 8192;
-/// Bounds on one entry: records, and approximate bytes (below Kafka's default
-/// `max.message.bytes` of 1 MiB; a single larger request is an entry of its own).
+/// Bounds on one batch: records, and approximate bytes (below Kafka's default
+/// `max.message.bytes` of 1 MiB; a single larger request is a batch of its own).
 pub const ENTRY_RECORDS_MAX: usize = 10_000;
 pub const ENTRY_BYTES_MAX: usize = 900 * 1024;
 
@@ -33,24 +45,24 @@ struct Request {
     reply: oneshot::Sender<Result<u64>>,
 }
 
-/// The sending side, owned by the hosted partition.
+/// The sending side. Cheap to clone; the task ends when every clone is dropped.
 #[derive(Clone)]
 pub struct Batcher {
     tx: mpsc::Sender<Request>,
 }
 
-/// Proposes one encoded batch and returns its base offset.
-pub type Propose = Arc<dyn Fn(Vec<u8>) -> futures::future::BoxFuture<'static, Result<u64>> + Send + Sync>;
+/// Appends one batch of records atomically and returns the offset of the first.
+pub type Propose = Arc<dyn for<'a> Fn(&'a [Record]) -> futures::future::BoxFuture<'a, Result<u64>> + Send + Sync>;
 
 impl Batcher {
-    /// Starts the batching task of `group`; it ends when every `Batcher` clone is dropped.
+    /// Starts the batching task of `group`.
     pub fn start(group: GroupId, propose: Propose) -> Batcher {
         let (tx, rx) = mpsc::channel(QUEUE_MAX);
         tokio::spawn(run(group, rx, propose));
         Batcher { tx }
     }
 
-    /// Appends `records` through the group's leader; returns the offset of the first.
+    /// Appends `records` as part of the next batch; returns the offset of the first.
     pub async fn produce(&self, records: Vec<Record>) -> Result<u64> {
         if records.is_empty() {
             return Err(Error::Invalid("no records".into()));
@@ -101,41 +113,194 @@ async fn run(group: GroupId, mut rx: mpsc::Receiver<Request>, propose: Propose) 
 }
 
 async fn commit(group: GroupId, requests: Vec<Request>, propose: &Propose) {
+    if requests.len() == 1 {
+        for r in requests {
+            let result = propose(&r.records).await;
+            let _ = r.reply.send(result);
+        }
+        return;
+    }
     let mut all = Vec::with_capacity(requests.iter().map(|r| r.records.len()).sum());
     let mut replies = Vec::with_capacity(requests.len());
+    let mut sizes = Vec::with_capacity(requests.len());
     for r in requests {
-        replies.push((r.records.len() as u64, r.reply));
+        sizes.push(r.records.len());
         all.extend(r.records);
+        replies.push(r.reply);
     }
-    let result = match logdex_log::encode_batch(&all, logdex_log::Compression::None) {
-        Ok(batch) => propose(batch).await,
-        Err(e) => Err(Error::Invalid(e.to_string())),
-    };
-    match result {
+    match propose(&all).await {
         Ok(base) => {
             let mut offset = base;
-            for (n, reply) in replies {
+            for (n, reply) in sizes.into_iter().zip(replies) {
                 let _ = reply.send(Ok(offset));
-                offset += n;
+                offset += n as u64;
+            }
+        }
+        Err(Error::Invalid(m)) => {
+            // Nothing was appended. Each request alone may be valid: propose them one by one.
+            tracing::debug!(group, error = %m, requests = replies.len(), "batch refused; proposing its requests one by one");
+            let mut start = 0;
+            for (n, reply) in sizes.into_iter().zip(replies) {
+                let _ = reply.send(propose(&all[start..start + n]).await);
+                start += n;
             }
         }
         Err(e) => {
             tracing::debug!(group, error = %e, "batched produce failed");
             let message = e.to_string();
-            for (_, reply) in replies {
+            for reply in replies {
                 let _ = reply.send(Err(clone_error(&e, &message)));
             }
         }
     }
 }
 
-/// Every request of a failed entry gets the same error kind.
+/// Every request of a failed batch gets the same error kind.
 fn clone_error(e: &Error, message: &str) -> Error {
     match e {
         Error::NotLeader { group, leader_node } => Error::NotLeader { group: *group, leader_node: *leader_node },
         Error::NotHosted { group } => Error::NotHosted { group: *group },
+        Error::NodeUnreachable(m) => Error::NodeUnreachable(m.clone()),
         Error::Invalid(m) => Error::Invalid(m.clone()),
         Error::Timeout(m) => Error::Timeout(m.clone()),
         _ => Error::Unavailable(message.to_string()),
+    }
+}
+
+/// The batchers of writes this node forwards, one per (leader node, group): concurrent
+/// forwarded writes to one partition share one `Produce` RPC.
+#[derive(Default)]
+pub struct Forwarders {
+    batchers: std::sync::Mutex<std::collections::HashMap<(NodeId, GroupId), Batcher>>,
+}
+
+impl Forwarders {
+    /// The batcher forwarding to `node` for `group`, started with `propose` if there is none.
+    pub fn get(&self, node: NodeId, group: GroupId, propose: impl FnOnce() -> Propose) -> Batcher {
+        // The map holds no invariant a panicking holder could break.
+        let mut batchers = self.batchers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        batchers.entry((node, group)).or_insert_with(|| Batcher::start(group, propose())).clone()
+    }
+
+    /// Drops the batcher for (`node`, `group`) (that node no longer leads it); its task ends
+    /// once the requests it holds are answered.
+    pub fn forget(&self, node: NodeId, group: GroupId) {
+        self.batchers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&(node, group));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// A log that appends whole batches up to `max_records`, like a topic's `max.message.bytes`.
+    fn bounded_log(max_records: usize, delay: std::time::Duration) -> (Propose, Arc<Mutex<Vec<Vec<Record>>>>) {
+        let batches: Arc<Mutex<Vec<Vec<Record>>>> = Arc::default();
+        let seen = batches.clone();
+        let propose: Propose = Arc::new(move |records: &[Record]| {
+            let seen = seen.clone();
+            let records = records.to_vec();
+            Box::pin(async move {
+                tokio::time::sleep(delay).await;
+                if records.len() > max_records {
+                    return Err(Error::Invalid(format!("{} records over the limit", records.len())));
+                }
+                let mut log = seen.lock().map_err(|_| Error::unavailable("poisoned"))?;
+                let base: usize = log.iter().map(Vec::len).sum();
+                log.push(records);
+                Ok(base as u64)
+            })
+        });
+        (propose, batches)
+    }
+
+    fn record(n: u32) -> Record {
+        Record {
+            timestamp_ms: 1,
+            key: Some(format!("k{n}").into_bytes()),
+            value: Some(vec![7; 10]),
+            headers: Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_requests_share_batches_and_get_their_own_offsets() {
+        let (propose, log) = bounded_log(usize::MAX, std::time::Duration::from_millis(5));
+        let batcher = Batcher::start(1, propose);
+        let tasks: Vec<_> = (0..40u32)
+            .map(|i| {
+                let b = batcher.clone();
+                tokio::spawn(async move { (i, b.produce(vec![record(i), record(i + 1000)]).await) })
+            })
+            .collect();
+        let log_records: Vec<Record> = {
+            let mut results = Vec::new();
+            for t in tasks {
+                results.push(t.await.expect("task"));
+            }
+            let log = log.lock().expect("lock").clone();
+            assert!(log.len() < 40, "40 concurrent requests took {} batches: no batching", log.len());
+            let flat: Vec<Record> = log.into_iter().flatten().collect();
+            for (i, result) in results {
+                let offset = result.expect("produce") as usize;
+                assert_eq!(flat[offset], record(i), "request {i} got another request's offset");
+                assert_eq!(flat[offset + 1], record(i + 1000), "request {i} is not contiguous");
+            }
+            flat
+        };
+        assert_eq!(log_records.len(), 80);
+    }
+
+    #[tokio::test]
+    async fn refused_batch_is_retried_request_by_request_so_only_the_invalid_request_fails() {
+        // At most 3 records per batch: 2-record requests fail only when batched together.
+        let (propose, log) = bounded_log(3, std::time::Duration::from_millis(5));
+        let batcher = Batcher::start(1, propose);
+        let mut tasks = Vec::new();
+        for i in 0..12u32 {
+            let b = batcher.clone();
+            let records = if i == 5 { (0..4).map(|j| record(100 + j)).collect() } else { vec![record(i), record(i)] };
+            tasks.push(tokio::spawn(async move { (i, b.produce(records).await) }));
+        }
+        for t in tasks {
+            let (i, result) = t.await.expect("task");
+            if i == 5 {
+                assert!(matches!(result, Err(Error::Invalid(_))), "the 4-record request must fail alone: {result:?}");
+            } else {
+                assert!(result.is_ok(), "request {i} failed only because it was batched: {result:?}");
+            }
+        }
+        let appended: usize = log.lock().expect("lock").iter().map(Vec::len).sum();
+        assert_eq!(appended, 22, "11 valid requests of 2 records each");
+    }
+
+    #[tokio::test]
+    async fn failed_batch_gives_every_request_the_same_definite_error() {
+        let propose: Propose = Arc::new(|_records: &[Record]| {
+            Box::pin(async move {
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+                Err(Error::NotLeader { group: 1, leader_node: Some(3) })
+            })
+        });
+        let batcher = Batcher::start(1, propose);
+        let tasks: Vec<_> = (0..10u32)
+            .map(|i| {
+                let b = batcher.clone();
+                tokio::spawn(async move { b.produce(vec![record(i)]).await })
+            })
+            .collect();
+        for t in tasks {
+            let result = t.await.expect("task");
+            assert!(matches!(result, Err(Error::NotLeader { group: 1, leader_node: Some(3) })), "{result:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn empty_request_is_invalid() {
+        let (propose, _log) = bounded_log(10, std::time::Duration::ZERO);
+        let batcher = Batcher::start(1, propose);
+        assert!(matches!(batcher.produce(Vec::new()).await, Err(Error::Invalid(_))));
     }
 }

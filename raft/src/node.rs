@@ -146,6 +146,7 @@ struct NodeInner {
     groups: RwLock<HashMap<GroupId, Arc<HostedGroup>>>,
     /// Groups whose move this node is driving now.
     moving: std::sync::Mutex<std::collections::HashSet<GroupId>>,
+    forwarders: crate::batcher::Forwarders,
     stop: tokio::sync::watch::Sender<bool>,
 }
 
@@ -203,6 +204,7 @@ impl Node {
                 controller_raft,
                 groups: RwLock::new(HashMap::new()),
                 moving: Default::default(),
+                forwarders: Default::default(),
                 stop,
             }),
         })
@@ -741,9 +743,20 @@ impl Node {
         hosted.batcher.produce(records).await
     }
 
-    /// Sends records to the node leading the group (forwarding a write once).
-    /// `NotLeader` and transport failures before sending are definite: nothing was written.
+    /// Sends records to the node leading the group (forwarding a write once), in one RPC
+    /// with concurrent writes forwarded there. `NotLeader` and transport failures before
+    /// sending are definite: nothing was written.
     pub async fn remote_produce(&self, node: NodeId, group: GroupId, records: &[logdex_log::Record]) -> Result<u64> {
+        let weak = Arc::downgrade(&self.inner);
+        let batcher = self.inner.forwarders.get(node, group, || forward_fn(weak, node, group));
+        let result = batcher.produce(records.to_vec()).await;
+        if let Err(Error::NotLeader { .. } | Error::NotHosted { .. } | Error::NodeUnreachable(_)) = &result {
+            self.inner.forwarders.forget(node, group);
+        }
+        result
+    }
+
+    async fn send_produce(&self, node: NodeId, group: GroupId, records: &[logdex_log::Record]) -> Result<u64> {
         let addr = self
             .cluster()
             .nodes
@@ -956,11 +969,13 @@ fn clean(p: &Partition, policy: &crate::controller::CleanupPolicy, last: Option<
     Ok(Some(p.sealed_bytes()))
 }
 
-/// Proposes one encoded batch on `raft` and returns its base offset.
+/// Proposes `records` as one entry on `raft` and returns the offset of the first.
 fn propose_fn(raft: Raft, group: GroupId) -> crate::batcher::Propose {
-    Arc::new(move |mut batch: Vec<u8>| {
+    Arc::new(move |records: &[logdex_log::Record]| {
         let raft = raft.clone();
+        let batch = logdex_log::encode_batch(records, logdex_log::Compression::None);
         Box::pin(async move {
+            let mut batch = batch.map_err(|e| Error::Invalid(e.to_string()))?;
             logdex_log::set_base_offset(&mut batch, 0);
             let command = pb::Command { kind: Some(pb::command::Kind::Produce(pb::Produce { batch })) };
             match tokio::time::timeout(OPERATION_TIMEOUT, raft.client_write(command)).await {
@@ -975,6 +990,17 @@ fn propose_fn(raft: Raft, group: GroupId) -> crate::batcher::Propose {
                 }
                 Ok(Err(e)) => Err(Error::unavailable(e)),
             }
+        })
+    })
+}
+
+/// Sends each batch of forwarded writes to `node` in one `Produce` RPC.
+fn forward_fn(node: std::sync::Weak<NodeInner>, leader: NodeId, group: GroupId) -> crate::batcher::Propose {
+    Arc::new(move |records: &[logdex_log::Record]| {
+        let inner = node.upgrade();
+        Box::pin(async move {
+            let inner = inner.ok_or_else(|| Error::unavailable("node is shutting down"))?;
+            Node { inner }.send_produce(leader, group, records).await
         })
     })
 }
