@@ -4,7 +4,9 @@
 #   1. builds the release binaries (logdex, and bench-peer/ for NATS);
 #   2. raw fjall get floor: the index crate's benchmark (100,000 keys);
 #   3. a 3-node logdex cluster: noop (the floor: GET /bench/noop, no work),
-#      load, get1 (linearizable, strict, follower), getc (linearizable, follower);
+#      load, get1 (linearizable, strict, follower), getc (linearizable, follower),
+#      get1 and getc again over the gRPC client API; then recovery and rebuild
+#      (a single node of their own with 1,000,000 keys);
 #   4. a 3-node NATS JetStream cluster, KV bucket with 3 replicas: load, get1
 #      (direct get), getc;
 #   5. prints the table (logdex vs floor vs NATS, with ratios and targets).
@@ -12,7 +14,7 @@
 # kept in target/bench/last/.
 #
 # Usage: scripts/bench.sh [--keys N] [--concurrency C] [--duration-secs S]
-#                         [--get1-requests N] [--skip-build] [--skip-nats] [--skip-fjall]
+#                         [--get1-requests N] [--restart-keys N] [--skip-build] [--skip-nats] [--skip-fjall]
 # Environment: BENCH_PORT_BASE (default 18100; uses BASE+81..83, +91..93, +21..23, +31..33).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +25,7 @@ VALUE_BYTES=100
 CONCURRENCY=32
 DURATION_SECS=10
 GET1_REQUESTS=20000
+RESTART_KEYS=1000000
 SKIP_BUILD=0
 SKIP_NATS=0
 SKIP_FJALL=0
@@ -32,6 +35,7 @@ while [ $# -gt 0 ]; do
     --concurrency) CONCURRENCY=$2; shift 2 ;;
     --duration-secs) DURATION_SECS=$2; shift 2 ;;
     --get1-requests) GET1_REQUESTS=$2; shift 2 ;;
+    --restart-keys) RESTART_KEYS=$2; shift 2 ;;
     --skip-build) SKIP_BUILD=1; shift ;;
     --skip-nats) SKIP_NATS=1; shift ;;
     --skip-fjall) SKIP_FJALL=1; shift ;;
@@ -141,11 +145,26 @@ run_logdex noop --concurrency "$CONCURRENCY" --duration-secs "$DURATION_SECS"
 run_logdex load --concurrency "$CONCURRENCY"
 run_logdex get1 --read linearizable,strict,follower --requests "$GET1_REQUESTS"
 run_logdex getc --read linearizable,follower --concurrency "$CONCURRENCY" --duration-secs "$DURATION_SECS"
+# The same lookups over the gRPC client API (served on the RPC ports).
+GRPC_URLS=()
+for p in "${RPC_PORTS[@]}"; do GRPC_URLS+=(--url "http://127.0.0.1:$p"); done
+echo "bench: logdex bench get1/getc --protocol grpc"
+"$LOGDEX" bench get1 --protocol grpc --read linearizable,follower --requests "$GET1_REQUESTS" "${GRPC_URLS[@]}" \
+  --keys "$KEYS" --value-bytes "$VALUE_BYTES" --json | tee -a "$RESULTS"
+"$LOGDEX" bench getc --protocol grpc --read linearizable,follower --concurrency "$CONCURRENCY" \
+  --duration-secs "$DURATION_SECS" "${GRPC_URLS[@]}" --keys "$KEYS" --value-bytes "$VALUE_BYTES" --json | tee -a "$RESULTS"
 # The floor again after the load, to show the machine did not change under the run.
 run_logdex noop --concurrency 1 --requests "$GET1_REQUESTS" --label floor-after
 du -sh "$WORK"/logdex-* | sed 's/^/bench: data /'
 stop_pids "${LOGDEX_PIDS[@]}"
 PIDS=()
+
+# ---------------------------------------------------------------- restarts
+# A node of its own with --restart-keys keys: ready after a clean stop and after kill -9, and
+# the index rebuilt from the log after it was deleted.
+echo "bench: logdex bench recovery / rebuild ($RESTART_KEYS keys, a single node of their own)"
+"$LOGDEX" bench recovery --keys "$RESTART_KEYS" --value-bytes "$VALUE_BYTES" --json | tee -a "$RESULTS"
+"$LOGDEX" bench rebuild --keys "$RESTART_KEYS" --value-bytes "$VALUE_BYTES" --json | tee -a "$RESULTS"
 
 # ---------------------------------------------------------------- NATS
 if [ "$SKIP_NATS" = 0 ]; then

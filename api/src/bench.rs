@@ -1,7 +1,9 @@
 //! `logdex bench`: load, lookup and floor workloads against a running cluster,
 //! over HTTP keep-alive connections (one pooled `reqwest` client, the way a
-//! real client calls it), with latency percentiles from a log-linear
-//! (HDR-style) histogram. `logdex bench report` turns the JSON lines of one
+//! real client calls it) or over the gRPC client API (`--protocol grpc`, one
+//! channel per node, requests multiplexed over HTTP/2), with latency
+//! percentiles from a log-linear (HDR-style) histogram; and the restart
+//! workloads of `bench_restart` (recovery, rebuild) on a node of their own. `logdex bench report` turns the JSON lines of one
 //! run (logdex, the no-work floor and the NATS peer of `bench-peer/`) into the
 //! comparison table that `scripts/bench.sh` prints.
 //!
@@ -25,17 +27,31 @@ use crate::bench_measure::Shared;
 use crate::bench_measure::Stats;
 use crate::bench_measure::print_report;
 use crate::bench_measure::progress_task;
+use crate::bench_restart::RestartReport;
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// What to run: load (write --keys keys), get1 (one client, closed loop, per read mode), getc
     /// (--concurrency clients for --duration-secs), noop (the floor: GET /bench/noop, a fixed
-    /// 100-byte body), or report (the comparison table from JSON-lines files given with --input).
+    /// 100-byte body), recovery and rebuild (on a node of their own), or report (the comparison
+    /// table from JSON-lines files given with --input).
     #[arg(value_enum)]
     pub workload: Workload,
-    /// A node's HTTP URL; repeat for several (requests rotate over them).
+    /// A node's URL; repeat for several (requests rotate over them). With `--protocol grpc`, the
+    /// node's RPC address (`http://HOST:RPC_PORT`, where the gRPC client API is served).
     #[arg(long = "url", default_value = "http://127.0.0.1:8081")]
     pub urls: Vec<String>,
+    /// How load, get1 and getc reach the nodes: HTTP/1.1 keep-alive, or the gRPC client API.
+    #[arg(long, value_enum, default_value_t = Protocol::Http)]
+    pub protocol: Protocol,
+    /// With `--protocol grpc`: a node's HTTP URL, used by load to create the topic (without it,
+    /// the topic must exist).
+    #[arg(long)]
+    pub admin_url: Option<String>,
+    /// recovery and rebuild: the data directory of the node they start (new or empty; kept after
+    /// the run) [default: a fresh directory under the system temp dir, removed after a successful run].
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
     /// Topic to write and read (load creates it).
     #[arg(long, default_value = "bench")]
     pub topic: String,
@@ -45,9 +61,11 @@ pub struct BenchArgs {
     /// Replication factor of the topic load creates.
     #[arg(long, default_value_t = 3)]
     pub replication_factor: u32,
-    /// Number of keys (`key-%08d`): load writes them, get1 and getc read them uniformly at random.
-    #[arg(long, default_value_t = 100_000)]
-    pub keys: u64,
+    /// Number of keys (`key-%08d`): load writes them, get1 and getc read them uniformly at random;
+    /// recovery and rebuild load them into their own node [default: 100000; 1000000 for recovery and
+    /// rebuild].
+    #[arg(long)]
+    pub keys: Option<u64>,
     /// Value size of load, in bytes of random data; get1 and getc check that every value read has it.
     #[arg(long, default_value_t = 100)]
     pub value_bytes: usize,
@@ -89,12 +107,34 @@ pub enum Workload {
     Get1,
     Getc,
     Noop,
+    /// Start a node of its own, load --keys keys, then time how soon it answers again after a clean
+    /// stop and after kill -9.
+    Recovery,
+    /// Start a node of its own, load --keys keys, stop it, delete its key index, and time the
+    /// rebuild from the segment log until it answers again.
+    Rebuild,
     Report,
 }
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Http,
+    Grpc,
+}
+
+/// Keys of load, get1 and getc when `--keys` is not given.
+pub const DEFAULT_KEYS: u64 = 100_000;
 
 pub async fn run(args: BenchArgs) -> Result<(), String> {
     if args.workload == Workload::Report {
         return report(&args.inputs);
+    }
+    if matches!(args.workload, Workload::Recovery | Workload::Rebuild) {
+        return crate::bench_restart::run(&args).await;
+    }
+    let keys = args.keys.unwrap_or(DEFAULT_KEYS);
+    if keys == 0 {
+        return Err("--keys must be at least 1".into());
     }
     if args.urls.is_empty() {
         return Err("give at least one --url".into());
@@ -115,6 +155,13 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         .build()
         .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
     let urls: Vec<String> = args.urls.iter().map(|u| u.trim_end_matches('/').to_string()).collect();
+    let grpc = match args.protocol {
+        Protocol::Http => None,
+        Protocol::Grpc if args.workload == Workload::Noop => {
+            return Err("noop is the HTTP floor; it has no gRPC form".into());
+        }
+        Protocol::Grpc => Some(grpc_clients(&urls, Duration::from_millis(args.request_timeout_ms))?),
+    };
     let bounded = |concurrency: usize, single_requests: Option<u64>, single_secs: u64, many_secs: u64| {
         let (requests, secs) = if concurrency == 1 { (single_requests, single_secs) } else { (None, many_secs) };
         Plan {
@@ -127,10 +174,17 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     let mut runs = Vec::new();
     match args.workload {
         Workload::Load => {
-            create_topic(&http, &urls[0], &args).await?;
+            let admin = match args.protocol {
+                Protocol::Http => Some(urls[0].clone()),
+                Protocol::Grpc => args.admin_url.clone(),
+            };
+            if let Some(admin) = admin {
+                create_topic(&http, admin.trim_end_matches('/'), &args.topic, args.partitions, args.replication_factor)
+                    .await?;
+            }
             let plan = Plan {
                 concurrency,
-                requests: Some(args.requests.unwrap_or(args.keys).min(args.keys)),
+                requests: Some(args.requests.unwrap_or(keys).min(keys)),
                 duration: Duration::from_secs(args.duration_secs.unwrap_or(300)),
                 warmup_requests: 0,
             };
@@ -155,7 +209,8 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
                 } else {
                     bounded(concurrency, None, 10, 10)
                 };
-                let op = Op::Get { prefixes: kv_prefixes(&urls, &args.topic), query: format!("?read={mode}") };
+                let query = format!("?read={mode}");
+                let op = Op::Get { prefixes: kv_prefixes(&urls, &args.topic), query, mode: mode.clone() };
                 runs.push((Some(mode), plan, op));
             }
         }
@@ -163,7 +218,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
             let op = Op::Noop { urls: urls.iter().map(|u| format!("{u}/bench/noop")).collect() };
             runs.push((None, bounded(concurrency, Some(20_000), 120, 10), op));
         }
-        Workload::Report => unreachable!("report returned above"),
+        Workload::Report | Workload::Recovery | Workload::Rebuild => unreachable!("returned above"),
     }
     let label = args
         .label
@@ -171,10 +226,18 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         .unwrap_or_else(|| if args.workload == Workload::Noop { "floor".into() } else { "logdex".into() });
     let workload = format!("{:?}", args.workload).to_lowercase();
     for (read, plan, op) in runs {
-        let ctx = Arc::new(Ctx { http: http.clone(), op, keys: args.keys, value_bytes: args.value_bytes });
+        let ctx = Arc::new(Ctx {
+            http: http.clone(),
+            grpc: grpc.clone(),
+            topic: args.topic.clone(),
+            op,
+            keys,
+            value_bytes: args.value_bytes,
+        });
         let progress_name = format!("{workload} {}", read.as_deref().unwrap_or(""));
         let (stats, elapsed) = drive(&ctx, &plan, progress_name.trim()).await;
-        let report = stats.report(&label, &workload, read, plan.concurrency, elapsed);
+        let mut report = stats.report(&label, &workload, read, plan.concurrency, elapsed);
+        report.protocol = (args.protocol == Protocol::Grpc).then(|| "grpc".to_string());
         print_report(&report, args.json)?;
         if report.ok == 0 {
             return Err(format!("no request succeeded: {}", report.first_error.unwrap_or_default()));
@@ -195,14 +258,17 @@ struct Plan {
 enum Op {
     /// `PUT {prefix}key-%08d` for key `seq`, value of `value_bytes` random bytes.
     Put { prefixes: Vec<String> },
-    /// `GET {prefix}key-%08d{query}` for a uniformly random key.
-    Get { prefixes: Vec<String>, query: String },
+    /// `GET {prefix}key-%08d?read={mode}` for a uniformly random key.
+    Get { prefixes: Vec<String>, query: String, mode: String },
     /// `GET {url}` (the no-work handler).
     Noop { urls: Vec<String> },
 }
 
 struct Ctx {
     http: reqwest::Client,
+    /// With `--protocol grpc`: one client per node, in `--url` order.
+    grpc: Option<Vec<GrpcClient>>,
+    topic: String,
     op: Op,
     keys: u64,
     value_bytes: usize,
@@ -218,9 +284,31 @@ fn kv_prefixes(urls: &[String], topic: &str) -> Vec<String> {
     urls.iter().map(|u| format!("{u}/kv/{topic}/")).collect()
 }
 
-async fn create_topic(http: &reqwest::Client, url: &str, args: &BenchArgs) -> Result<(), String> {
+type GrpcClient = crate::grpc::pb::logdex_client::LogdexClient<tonic::transport::Channel>;
+
+/// One lazily connected gRPC channel per node.
+fn grpc_clients(urls: &[String], timeout: Duration) -> Result<Vec<GrpcClient>, String> {
+    urls.iter()
+        .map(|u| {
+            let endpoint = tonic::transport::Endpoint::from_shared(u.clone())
+                .map_err(|e| format!("bad --url {u}: {e}"))?
+                .tcp_nodelay(true)
+                .timeout(timeout);
+            Ok(GrpcClient::new(endpoint.connect_lazy()))
+        })
+        .collect()
+}
+
+/// Creates the topic (an existing topic with the same settings is fine).
+pub(crate) async fn create_topic(
+    http: &reqwest::Client,
+    url: &str,
+    topic: &str,
+    partitions: u32,
+    replication_factor: u32,
+) -> Result<(), String> {
     let body = serde_json::json!({
-        "name": args.topic, "partitions": args.partitions, "replication_factor": args.replication_factor,
+        "name": topic, "partitions": partitions, "replication_factor": replication_factor,
     });
     let resp = http
         .post(format!("{url}/topics"))
@@ -228,11 +316,11 @@ async fn create_topic(http: &reqwest::Client, url: &str, args: &BenchArgs) -> Re
         .json(&body)
         .send()
         .await
-        .map_err(|e| format!("creating topic {}: {e}", args.topic))?;
+        .map_err(|e| format!("creating topic {topic}: {e}"))?;
     let status = resp.status();
     if !status.is_success() {
         let text = resp.text().await.unwrap_or_default();
-        return Err(format!("creating topic {}: {status} {text}", args.topic));
+        return Err(format!("creating topic {topic}: {status} {text}"));
     }
     Ok(())
 }
@@ -303,6 +391,9 @@ async fn client_loop(ctx: &Ctx, shared: &Shared, worker: usize, limit: u64, dead
 /// One request. `seq` numbers the key of a write and rotates the node asked.
 async fn one(ctx: &Ctx, worker: usize, seq: u64) -> Outcome {
     let pick = |n: usize| (worker.wrapping_add(seq as usize)) % n;
+    if let Some(clients) = &ctx.grpc {
+        return one_grpc(ctx, clients[pick(clients.len())].clone(), seq).await;
+    }
     let request = match &ctx.op {
         Op::Put { prefixes } => {
             let mut value = vec![0u8; ctx.value_bytes];
@@ -310,7 +401,7 @@ async fn one(ctx: &Ctx, worker: usize, seq: u64) -> Outcome {
             let key = if seq >= ctx.keys { seq % ctx.keys.max(1) } else { seq };
             ctx.http.put(format!("{}key-{key:08}", prefixes[pick(prefixes.len())])).body(value)
         }
-        Op::Get { prefixes, query } => {
+        Op::Get { prefixes, query, .. } => {
             let key = rand::rng().random_range(0..ctx.keys.max(1));
             ctx.http.get(format!("{}key-{key:08}{query}", prefixes[pick(prefixes.len())]))
         }
@@ -338,6 +429,58 @@ async fn one(ctx: &Ctx, worker: usize, seq: u64) -> Outcome {
     }
 }
 
+/// One request over the gRPC client API.
+async fn one_grpc(ctx: &Ctx, mut client: GrpcClient, seq: u64) -> Outcome {
+    use crate::grpc::pb;
+    match &ctx.op {
+        Op::Put { .. } => {
+            let mut value = vec![0u8; ctx.value_bytes];
+            rand::rng().fill(&mut value[..]);
+            let key = if seq >= ctx.keys { seq % ctx.keys.max(1) } else { seq };
+            let request = pb::PutRequest {
+                topic: ctx.topic.clone(),
+                key: format!("key-{key:08}").into_bytes(),
+                value,
+                partition: None,
+            };
+            match client.put(request).await {
+                Ok(_) => Outcome::Ok,
+                Err(s) => Outcome::Error(format!("{:?}: {}", s.code(), s.message())),
+            }
+        }
+        Op::Get { mode, .. } => {
+            let key = rand::rng().random_range(0..ctx.keys.max(1));
+            let read = match mode.as_str() {
+                "strict" => pb::ReadMode::Strict,
+                "follower" => pb::ReadMode::Follower,
+                _ => pb::ReadMode::Linearizable,
+            };
+            let request = pb::GetRequest {
+                topic: ctx.topic.clone(),
+                key: format!("key-{key:08}").into_bytes(),
+                read: read as i32,
+                partition: None,
+                min_offset: None,
+            };
+            match client.get(request).await {
+                Ok(r) => {
+                    let r = r.into_inner();
+                    if !r.found {
+                        Outcome::NotFound
+                    } else if r.value.len() != ctx.value_bytes {
+                        Outcome::Error(format!("value of {} bytes, expected {}", r.value.len(), ctx.value_bytes))
+                    } else {
+                        Outcome::Ok
+                    }
+                }
+                Err(s) if s.code() == tonic::Code::NotFound => Outcome::NotFound,
+                Err(s) => Outcome::Error(format!("{:?}: {}", s.code(), s.message())),
+            }
+        }
+        Op::Noop { .. } => Outcome::Error("noop has no gRPC form".into()),
+    }
+}
+
 // ---------------------------------------------------------------- report
 
 /// Prints the Markdown table of one run: each logdex figure next to the floor
@@ -346,13 +489,23 @@ async fn one(ctx: &Ctx, worker: usize, seq: u64) -> Outcome {
 /// targets. Other `floor-*` runs (the floor measured again later) are listed
 /// under the table.
 fn report(inputs: &[PathBuf]) -> Result<(), String> {
+    print!("{}", render_report(inputs)?);
+    Ok(())
+}
+
+fn render_report(inputs: &[PathBuf]) -> Result<String, String> {
     let mut runs = Vec::new();
+    let mut restarts = Vec::new();
     for path in inputs {
         let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         for line in text.lines().filter(|l| l.trim_start().starts_with('{')) {
-            let r: RunReport =
-                serde_json::from_str(line).map_err(|e| format!("{}: bad JSON line {line:?}: {e}", path.display()))?;
-            runs.push(r);
+            let bad = |e: serde_json::Error| format!("{}: bad JSON line {line:?}: {e}", path.display());
+            let value: serde_json::Value = serde_json::from_str(line).map_err(bad)?;
+            if matches!(value["workload"].as_str(), Some("recovery" | "rebuild")) {
+                restarts.push(serde_json::from_value::<RestartReport>(value).map_err(bad)?);
+            } else {
+                runs.push(serde_json::from_value::<RunReport>(value).map_err(bad)?);
+            }
         }
     }
     let find = |pred: &dyn Fn(&RunReport) -> bool| runs.iter().rev().find(|r| pred(r)).cloned();
@@ -385,21 +538,35 @@ fn report(inputs: &[PathBuf]) -> Result<(), String> {
         ));
     };
     for r in runs.iter().filter(|r| r.system == "logdex") {
-        let read = r.read.as_deref().unwrap_or("");
+        let read = match (r.read.as_deref(), r.protocol.as_deref()) {
+            (Some(m), Some(p)) => format!("{m} [{p}]"),
+            (Some(m), None) => m.to_string(),
+            (None, Some(p)) => format!("[{p}]"),
+            (None, None) => String::new(),
+        };
+        let read = read.as_str();
         match r.workload.as_str() {
             "load" => {
                 let peer = peer_of("load");
                 let pr = peer.as_ref().map(|p| p.rate_per_s);
                 let met = pr.map(|p| r.rate_per_s >= 1.5 * p);
-                row(format!("load: puts/s, {} in flight", r.concurrency), r.rate_per_s, None, pr, ">= 1.5x peer", met);
-                row("load: put p50 us".into(), r.p50_us, None, peer.as_ref().map(|p| p.p50_us), "", None);
-                row("load: put p99 us".into(), r.p99_us, None, peer.as_ref().map(|p| p.p99_us), "", None);
-                row("load: put p99.9 us".into(), r.p999_us, None, peer.as_ref().map(|p| p.p999_us), "", None);
+                let load = if read.is_empty() { "load".to_string() } else { format!("load {read}") };
+                row(
+                    format!("{load}: puts/s, {} in flight", r.concurrency),
+                    r.rate_per_s,
+                    None,
+                    pr,
+                    ">= 1.5x peer",
+                    met,
+                );
+                row(format!("{load}: put p50 us"), r.p50_us, None, peer.as_ref().map(|p| p.p50_us), "", None);
+                row(format!("{load}: put p99 us"), r.p99_us, None, peer.as_ref().map(|p| p.p99_us), "", None);
+                row(format!("{load}: put p99.9 us"), r.p999_us, None, peer.as_ref().map(|p| p.p999_us), "", None);
             }
             "get1" => {
                 let peer = peer_of("get1");
                 let (f50, p50) = (floor1.as_ref().map(|f| f.p50_us), peer.as_ref().map(|p| p.p50_us));
-                let (target, met) = match read {
+                let (target, met) = match r.read.as_deref().unwrap_or("") {
                     "follower" => {
                         ("<= 1.3x floor and < peer", f50.zip(p50).map(|(f, p)| r.p50_us <= 1.3 * f && r.p50_us < p))
                     }
@@ -408,7 +575,11 @@ fn report(inputs: &[PathBuf]) -> Result<(), String> {
                     _ => ("", None),
                 };
                 row(format!("get1 {read}: p50 us"), r.p50_us, f50, p50, target, met);
-                let (target, met) = if read == "follower" { ("< 400 us", Some(r.p99_us < 400.0)) } else { ("", None) };
+                let (target, met) = if r.read.as_deref() == Some("follower") {
+                    ("< 400 us", Some(r.p99_us < 400.0))
+                } else {
+                    ("", None)
+                };
                 let f99 = floor1.as_ref().map(|f| f.p99_us);
                 row(format!("get1 {read}: p99 us"), r.p99_us, f99, peer.as_ref().map(|p| p.p99_us), target, met);
                 let f999 = floor1.as_ref().map(|f| f.p999_us);
@@ -428,6 +599,20 @@ fn report(inputs: &[PathBuf]) -> Result<(), String> {
             _ => {}
         }
     }
+    for r in restarts.iter().filter(|r| r.system == "logdex") {
+        let measure = format!("{} {}: ready ms, {} keys", r.workload, r.kind, r.keys);
+        let (target, met) = match r.workload.as_str() {
+            "recovery" if r.keys >= 1_000_000 => ("< 2000 ms", Some(r.ready_ms < 2000.0)),
+            "rebuild" if r.keys >= 1_000_000 => (">= 1,000,000 keys/s", Some(r.keys_per_s >= 1_000_000.0)),
+            _ => ("", None),
+        };
+        if r.workload == "rebuild" {
+            row(measure, r.ready_ms, None, None, "", None);
+            row(format!("rebuild {}: keys/s", r.kind), r.keys_per_s, None, None, target, met);
+        } else {
+            row(measure, r.ready_ms, None, None, target, met);
+        }
+    }
     for r in runs.iter().filter(|r| r.system.starts_with("floor-")) {
         out.push_str(&format!(
             "\n{} (noop, {} clients): p50 {} us, p99 {} us, {}/s",
@@ -441,10 +626,54 @@ fn report(inputs: &[PathBuf]) -> Result<(), String> {
     let errors: u64 = runs.iter().map(|r| r.errors).sum();
     let not_found: u64 = runs.iter().map(|r| r.not_found).sum();
     out.push_str(&format!("\nerrors in all runs: {errors}; not found: {not_found}\n"));
-    print!("{out}");
-    Ok(())
+    Ok(out)
 }
 
 fn fmt_num(v: f64) -> String {
     if v >= 100.0 { format!("{v:.0}") } else { format!("{v:.1}") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_puts_http_grpc_and_restart_runs_in_one_table() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("results.jsonl");
+        let run = |system: &str, workload: &str, read: Option<&str>, protocol: Option<&str>, rate: f64| {
+            let mut r = Stats::default().report(system, workload, read.map(String::from), 32, Duration::from_secs(1));
+            r.rate_per_s = rate;
+            r.p50_us = 100.0;
+            r.protocol = protocol.map(String::from);
+            serde_json::to_string(&r)
+        };
+        let restart = |workload: &str, kind: &str, ready_ms: f64| {
+            serde_json::to_string(&RestartReport {
+                system: "logdex".into(),
+                workload: workload.into(),
+                kind: kind.into(),
+                keys: 1_000_000,
+                ready_ms,
+                keys_per_s: 1e9 / ready_ms,
+            })
+        };
+        let lines = [
+            run("floor", "noop", None, None, 50_000.0)?,
+            run("nats", "getc", None, None, 30_000.0)?,
+            run("logdex", "getc", Some("follower"), None, 40_000.0)?,
+            run("logdex", "getc", Some("follower"), Some("grpc"), 20_000.0)?,
+            restart("recovery", "kill9", 1500.0)?,
+            restart("rebuild", "index-deleted", 2500.0)?,
+        ];
+        std::fs::write(&path, lines.join("\n"))?;
+        let table = render_report(&[path])?;
+        assert!(table.contains("| getc follower: gets/s, 32 clients | 40000 | 50000 | 30000 |"), "{table}");
+        assert!(table.contains("| getc follower [grpc]: gets/s, 32 clients | 20000 |"), "{table}");
+        assert!(table.contains("| recovery kill9: ready ms, 1000000 keys | 1500 |"), "{table}");
+        assert!(table.contains("< 2000 ms | yes |"), "{table}");
+        assert!(table.contains("| rebuild index-deleted: keys/s | 400000 |"), "{table}");
+        assert!(table.contains(">= 1,000,000 keys/s | no |"), "{table}");
+        Ok(())
+    }
 }

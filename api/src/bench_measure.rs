@@ -33,6 +33,9 @@ pub struct RunReport {
     pub p999_us: f64,
     pub max_us: f64,
     pub first_error: Option<String>,
+    /// `grpc` for a run over the gRPC client API; absent for HTTP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
 }
 
 pub struct Shared {
@@ -125,6 +128,7 @@ impl Stats {
             p999_us: us(0.999),
             max_us: self.latency.max_ns as f64 / 1000.0,
             first_error: self.first_error.clone(),
+            protocol: None,
         }
     }
 }
@@ -206,6 +210,10 @@ pub fn print_report(r: &RunReport, json: bool) -> Result<(), String> {
         serde_json::to_string(r).map_err(|e| format!("cannot encode the report: {e}"))?
     } else {
         let read = r.read.as_deref().map(|m| format!(" read={m}")).unwrap_or_default();
+        let read = match &r.protocol {
+            Some(p) => format!("{read} protocol={p}"),
+            None => read,
+        };
         let error = r.first_error.as_deref().map(|e| format!(" (first error: {e})")).unwrap_or_default();
         format!(
             "{} {}{read} c={}: {} ok, {} not found, {} errors in {:.2} s = {:.0}/s; latency us p50 {:.0} p90 {:.0} \

@@ -19,7 +19,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Start a local cluster of N nodes on loopback and print each node's HTTP URL; Ctrl-C stops it.
     Dev(DevArgs),
-    /// Benchmark a running cluster: load, get1, getc, noop (the no-work floor), or report (the table).
+    /// Benchmark a running cluster (load, get1, getc, noop: the no-work floor), a node's restart (recovery,
+    /// rebuild), or print the comparison table (report).
     Bench(crate::bench::BenchArgs),
     /// Topic administration.
     Topic {

@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod bench_measure;
+pub mod bench_restart;
 pub mod cli;
 pub mod client;
 pub mod dev;
