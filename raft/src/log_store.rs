@@ -54,6 +54,11 @@ const TAG_VOTE: u8 = b'V';
 const TAG_COMMITTED: u8 = b'C';
 const TAG_PURGED: u8 = b'P';
 
+/// Memtable size of the raft log keyspace (fixed when the keyspace is created). A restart
+/// replays the journal behind unflushed memtables, so this bounds the replay: with fjall's
+/// default of 64 MiB, a node with 1M freshly written keys spent 1.3 s replaying 113 MB.
+const RAFT_LOG_MEMTABLE_BYTES: u64 = 16 * 1024 * 1024;
+
 /// How long the syncer waits for more appends before an fsync while it is busy.
 const GROUP_COMMIT_LINGER: std::time::Duration = std::time::Duration::from_micros(500);
 
@@ -88,7 +93,8 @@ enum SyncJob {
 impl RaftLogDb {
     pub fn open(path: &Path) -> crate::Result<Arc<RaftLogDb>> {
         let db = Database::builder(path).open()?;
-        let ks = db.keyspace("raft_log", KeyspaceCreateOptions::default)?;
+        let ks =
+            db.keyspace("raft_log", || KeyspaceCreateOptions::default().max_memtable_size(RAFT_LOG_MEMTABLE_BYTES))?;
         let (syncer, rx) = mpsc::sync_channel(SYNC_QUEUE_MAX);
         let poisoned = Arc::new(AtomicBool::new(false));
         let thread_db = db.clone();
