@@ -35,6 +35,11 @@ pub enum ApiError {
     Timeout(String),
     #[error("{0}")]
     Internal(String),
+    /// The replica asked holds damaged data for this request (a batch failing its crc or
+    /// framing, or its key index and segment log disagreeing) and refuses to answer from it.
+    /// Other replicas may answer; the request changed nothing.
+    #[error("{0}")]
+    CorruptData(String),
     #[error("missing or wrong bearer token")]
     Unauthorized,
     #[error("no such route")]
@@ -63,7 +68,7 @@ impl ApiError {
             ApiError::Misdirected { .. } => StatusCode::MISDIRECTED_REQUEST,
             ApiError::Unavailable(_) | ApiError::NodeUnreachable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
-            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Internal(_) | ApiError::CorruptData(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::RouteNotFound => StatusCode::NOT_FOUND,
             ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -84,6 +89,7 @@ impl ApiError {
             ApiError::Unavailable(_) | ApiError::NodeUnreachable(_) => "unavailable",
             ApiError::Timeout(_) => "timeout",
             ApiError::Internal(_) => "internal",
+            ApiError::CorruptData(_) => "corrupt_data",
             ApiError::Unauthorized => "unauthorized",
             ApiError::RouteNotFound => "route_not_found",
             ApiError::RateLimited(_) => "rate_limited",
@@ -94,6 +100,9 @@ impl ApiError {
 impl From<logdex_raft::Error> for ApiError {
     fn from(e: logdex_raft::Error) -> ApiError {
         use logdex_raft::Error as E;
+        if e.is_corrupt_data() {
+            return ApiError::CorruptData(e.to_string());
+        }
         match e {
             E::Invalid(m) => ApiError::bad("invalid", m),
             E::Timeout(m) => ApiError::Timeout(m),
@@ -120,5 +129,30 @@ impl IntoResponse for ApiError {
             headers.insert("x-kv-redirect", v);
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A replica refusing damaged data answers 500 with its own code, whether the segment log
+    /// found the damage (crc) or the lookup did (index and log disagree); other storage errors
+    /// stay `internal`.
+    #[test]
+    fn damaged_data_maps_to_corrupt_data() {
+        let crc = logdex_log::Error::Corrupt {
+            path: "00000000000000000000.log".into(),
+            base_offset: 0,
+            position: 122,
+            source: Box::new(logdex_log::Error::CrcMismatch { expected: 1, actual: 2 }),
+        };
+        let mismatch = logdex_raft::Error::CorruptData { group: 3, detail: "another key".into() };
+        for e in [logdex_raft::Error::Log(crc), mismatch] {
+            let api = ApiError::from(e);
+            assert_eq!((api.status(), api.code()), (StatusCode::INTERNAL_SERVER_ERROR, "corrupt_data"));
+        }
+        let io = ApiError::from(logdex_raft::Error::Log(logdex_log::Error::Poisoned));
+        assert_eq!(io.code(), "internal");
     }
 }

@@ -72,6 +72,7 @@ fn status_of(code: StatusCode, body: &[u8], headers: &axum::http::HeaderMap) -> 
         StatusCode::SERVICE_UNAVAILABLE => Status::unavailable(message),
         StatusCode::GATEWAY_TIMEOUT => Status::deadline_exceeded(message),
         StatusCode::UNAUTHORIZED => Status::unauthenticated(message),
+        _ if error_code == "corrupt_data" => Status::data_loss(message),
         _ => Status::internal(message),
     };
     if let Some(redirect) = headers.get("x-kv-redirect").and_then(|v| v.to_str().ok())

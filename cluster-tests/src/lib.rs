@@ -7,6 +7,7 @@
 pub mod chaos;
 pub mod client;
 pub mod cluster;
+pub mod damage;
 pub mod error;
 pub mod history;
 pub mod murmur2;

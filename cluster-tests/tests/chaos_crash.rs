@@ -1,5 +1,6 @@
-//! Chaos suite, process crashes and power loss (DESIGN.md I2, I5): nothing acknowledged is
-//! lost, replicas converge, every read stays linearizable or session-consistent.
+//! Chaos suite, process crashes, power loss and disk damage (DESIGN.md I2, I5): nothing
+//! acknowledged is lost, replicas converge, every read stays linearizable or session-consistent,
+//! and a damaged replica refuses its damaged data rather than answering it wrong.
 
 use logdex_cluster_tests::Result;
 use logdex_cluster_tests::chaos::scenario::Faults;
@@ -25,4 +26,14 @@ async fn chaos_kill_all_nodes_three_times() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_power_loss_of_all_nodes() -> Result<()> {
     run(Scenario::ci("power_loss", Faults::PowerLoss)).await
+}
+
+/// Twice, on two different nodes: kill -9, flip a bit inside a record of a sealed segment and
+/// cut the active segment of the same replica inside one of its last batches, restart. C1-C5
+/// hold; the damaged replica answers the damaged batch's offsets and keys with 500
+/// `corrupt_data` or, if it re-applied them from the Raft log, right, and everything else
+/// exactly as the others do (C4); its own log shows it cut the damaged tail (C5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_bit_flip_and_truncation_on_one_node() -> Result<()> {
+    run(Scenario::ci("corruption", Faults::Corruption)).await
 }

@@ -11,6 +11,8 @@ pub(crate) struct BatchCursor<'a> {
     segments: &'a [Segment],
     index: usize,
     position: u64,
+    /// The lowest base offset the next batch may have (offsets increase).
+    next_min: Offset,
     reader: ChunkReader,
 }
 
@@ -27,11 +29,14 @@ impl<'a> BatchCursor<'a> {
     /// one); `offset` must be at least the first segment's base offset.
     pub(crate) fn at(segments: &'a [Segment], offset: Offset, interval: u32, chunk_bytes: usize) -> Result<Self> {
         let index = segments.partition_point(|s| s.base_offset <= offset).saturating_sub(1);
-        let position = match segments.get(index) {
-            Some(segment) => segment.locate(offset, interval)?.map_or(segment.size_bytes(), |l| l.position),
-            None => 0,
+        let (position, next_min) = match segments.get(index) {
+            Some(segment) => match segment.locate(offset, interval)? {
+                Some(located) => (located.position, located.header.base_offset),
+                None => (segment.size_bytes(), segment.base_offset),
+            },
+            None => (0, 0),
         };
-        Ok(BatchCursor { segments, index, position, reader: ChunkReader::with_chunk_bytes(chunk_bytes) })
+        Ok(BatchCursor { segments, index, position, next_min, reader: ChunkReader::with_chunk_bytes(chunk_bytes) })
     }
 
     /// Every batch of one segment, from its start.
@@ -40,11 +45,13 @@ impl<'a> BatchCursor<'a> {
             segments: std::slice::from_ref(segment),
             index: 0,
             position: 0,
+            next_min: segment.base_offset,
             reader: ChunkReader::with_chunk_bytes(chunk_bytes),
         }
     }
 
-    /// The next whole batch, crc checked; `None` at the end.
+    /// The next whole batch, crc checked, its offsets above the previous
+    /// batch's and inside its segment; `None` at the end.
     pub(crate) fn next_batch(&mut self) -> Result<Option<CursorBatch<'a, '_>>> {
         loop {
             let Some(segment) = self.segments.get(self.index) else {
@@ -68,9 +75,14 @@ impl<'a> BatchCursor<'a> {
                 let error = Error::malformed("batch extends past the end of the segment", 0);
                 return Err(segment.corrupt(position, error));
             }
+            segment.check_batch_offsets(position, &header, None, self.next_min)?;
+            self.next_min = header.last_offset() + 1;
             self.position = position + total as u64;
-            let bytes = self.reader.get(segment, position, total, size)?;
+            // The next batch's header comes along, to check that it starts after this one.
+            let with_next = (total + BATCH_HEADER_BYTES).min((size - position) as usize);
+            let (bytes, next_head) = self.reader.get(segment, position, with_next, size)?.split_at(total);
             header.check_crc(bytes).map_err(|e| segment.corrupt(position, e))?;
+            segment.check_next_start(position, header.last_offset(), next_head)?;
             return Ok(Some(CursorBatch { segment, position, header, bytes }));
         }
     }

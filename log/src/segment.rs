@@ -88,6 +88,20 @@ impl Segment {
         Ok(segment)
     }
 
+    /// Reads every batch of the segment file `base_offset` in `dir` (read
+    /// only; its seek file is ignored) and checks it as recovery does.
+    /// Returns the segment's end: its last offset + 1, or `base_offset` if
+    /// empty. Any invalid batch is [`Error::Corrupt`].
+    pub(crate) fn verify_file(dir: &Path, base_offset: Offset) -> Result<Offset> {
+        let path = files::segment_path(dir, base_offset);
+        let file = File::open(&path).map_err(Error::io("open", &path))?;
+        let mut segment = Segment::empty(base_offset, path, file);
+        if let ScanEnd::Invalid { position, error } = segment.rebuild(u32::MAX)? {
+            return Err(segment.corrupt(position, error));
+        }
+        Ok(segment.content_end)
+    }
+
     /// Opens the active (last) segment: scans every batch and truncates the
     /// file after the last whole valid batch (a torn tail).
     pub(crate) fn recover_active(dir: &Path, base_offset: Offset, interval: u32) -> Result<Segment> {
@@ -160,33 +174,80 @@ impl Segment {
     /// Finds the batch containing `offset`, or the first batch after it
     /// (`offset` in a compacted gap). `None` if no batch ends at or after
     /// `offset` in this segment.
+    ///
+    /// The batch offsets walked must fit the segment (the crc does not cover
+    /// a batch's base offset): the batch at a seek entry has exactly the
+    /// entry's offset, every batch starts after the previous one and ends
+    /// before the segment's end; otherwise [`Error::Corrupt`].
     pub(crate) fn locate(&self, offset: Offset, interval: u32) -> Result<Option<Located>> {
         let relative = u32::try_from(offset.saturating_sub(self.base_offset)).unwrap_or(u32::MAX);
-        let mut position = self.seek.floor(relative).map_or(0, |e| u64::from(e.position));
+        let entry = self.seek.floor(relative);
+        let mut position = entry.map_or(0, |e| u64::from(e.position));
+        let mut exact = entry.map(|e| self.base_offset + u64::from(e.relative_offset));
+        let mut next_min = self.base_offset;
         let window_bytes = (u64::from(interval) + 2 * BATCH_HEADER_BYTES as u64).max(WINDOW_BYTES_MIN);
         let mut window = Window::default();
         while position < self.size_bytes {
             let header = self.header_at(position, &mut window, window_bytes)?;
+            self.check_batch_offsets(position, &header, exact.take(), next_min)?;
             if header.last_offset() >= offset {
                 return Ok(Some(Located { position, header, window }));
             }
+            next_min = header.last_offset() + 1;
             position += header.total_bytes() as u64;
         }
         Ok(None)
     }
 
-    /// The whole batch found by `locate`, crc checked.
-    pub(crate) fn batch_bytes<'w>(&self, located: &'w mut Located) -> Result<&'w [u8]> {
-        let total = located.header.total_bytes();
-        if located.window.slice(located.position, total).is_none() {
-            located.window = self.read_window(located.position, total as u64)?;
+    /// A batch read at `position` must start at `exact` (a seek entry's
+    /// offset) or else at `next_min` or later, and end before the segment's
+    /// end. The crc does not cover the base offset, so this is what catches
+    /// a damaged one on read.
+    pub(crate) fn check_batch_offsets(
+        &self,
+        position: u64,
+        header: &BatchHeader,
+        exact: Option<Offset>,
+        next_min: Offset,
+    ) -> Result<()> {
+        let starts_right = exact.map_or(header.base_offset >= next_min, |e| header.base_offset == e);
+        if starts_right && header.base_offset >= self.base_offset && header.last_offset() < self.content_end {
+            return Ok(());
         }
-        let bytes = located
+        Err(self.corrupt(position, Error::malformed("batch offsets do not fit the segment", 0)))
+    }
+
+    /// The whole batch found by `locate`, crc checked, and not overlapping
+    /// the next batch (whose header is read along with it).
+    pub(crate) fn batch_bytes<'w>(&self, located: &'w mut Located) -> Result<&'w [u8]> {
+        let (position, total) = (located.position, located.header.total_bytes());
+        let with_next = (total + BATCH_HEADER_BYTES).min(self.size_bytes.saturating_sub(position) as usize);
+        if located.window.slice(position, with_next).is_none() {
+            located.window = self.read_window(position, with_next as u64)?;
+        }
+        let span = located
             .window
-            .slice(located.position, total)
-            .ok_or_else(|| self.corrupt(located.position, Error::malformed("batch extends past the segment", 0)))?;
-        located.header.check_crc(bytes).map_err(|e| self.corrupt(located.position, e))?;
+            .slice(position, with_next)
+            .filter(|span| span.len() >= total)
+            .ok_or_else(|| self.corrupt(position, Error::malformed("batch extends past the segment", 0)))?;
+        let (bytes, next_head) = span.split_at(total);
+        located.header.check_crc(bytes).map_err(|e| self.corrupt(position, e))?;
+        self.check_next_start(position, located.header.last_offset(), next_head)?;
         Ok(bytes)
+    }
+
+    /// The batch after the one at `position` (whose last offset is `last`;
+    /// `next_head` holds the bytes after it, if any) must start after it.
+    pub(crate) fn check_next_start(&self, position: u64, last: Offset, next_head: &[u8]) -> Result<()> {
+        if next_head.len() < BATCH_HEADER_BYTES {
+            return Ok(());
+        }
+        match BatchHeader::parse(next_head) {
+            Ok(next) if next.base_offset <= last => {
+                Err(self.corrupt(position, Error::malformed("batch offsets overlap the next batch", 0)))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Wraps a batch fault found at `position` with this file's context;

@@ -80,6 +80,27 @@ pub(crate) fn install(dir: &Path, files_dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Reads every segment file of `files_dir` whole (see `Log::verify_files`).
+pub(crate) fn verify(files_dir: &Path) -> Result<Offset> {
+    let (segments, _) = source_files(files_dir)?;
+    let mut next_offset = 0;
+    for (i, &base) in segments.iter().enumerate() {
+        let end = Segment::verify_file(files_dir, base)?;
+        if let Some(&next_base) = segments.get(i + 1)
+            && end > next_base
+        {
+            return Err(Error::Corrupt {
+                path: files::segment_path(files_dir, base),
+                base_offset: base,
+                position: 0,
+                source: Box::new(Error::malformed("segment overlaps the next segment", 0)),
+            });
+        }
+        next_offset = end;
+    }
+    Ok(next_offset)
+}
+
 /// Finishes or discards an install interrupted by a crash.
 pub(crate) fn finish_interrupted_install(dir: &Path) -> Result<()> {
     let (Ok(staging), Ok(old)) = (sibling(dir, "install-staging"), sibling(dir, "install-old")) else {

@@ -108,7 +108,9 @@ fn sealed_segment_corruption_is_reported_on_read() -> TestResult {
         other => Err(format!("expected Corrupt at {target}, got {other:?}")),
     };
     expect_corrupt(log.read_record(15).map(|_| ()))?;
-    expect_corrupt(log.read_records(0, 100, usize::MAX).map(|_| ()))?;
+    expect_corrupt(log.read_records(10, 100, usize::MAX).map(|_| ()))?;
+    // A read that starts before the damage answers the records before it, and stops there.
+    assert_eq!(log.read_records(0, 100, usize::MAX)?, (0..10).map(|o| (o, record(o))).collect::<Vec<_>>());
     expect_corrupt(log.read_batches(0, usize::MAX).map(|_| ()))?;
     expect_corrupt(log.scan(0).find_map(Result::err).map_or(Ok(()), Err))?;
     assert_eq!(log.read_record(5)?, Some((5, record(5))));

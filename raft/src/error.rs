@@ -37,6 +37,12 @@ pub enum Error {
     /// Stored data failed a check.
     #[error("corrupted: {0}")]
     Corrupted(String),
+    /// A partition replica's data failed a check on read (the key index points at a record
+    /// the segment log does not hold, or holds under another key); the replica refuses to
+    /// answer from it. Damage the segment log finds itself is [`Error::Log`] with
+    /// [`logdex_log::Error::Corrupt`]: see [`Error::is_corrupt_data`].
+    #[error("corrupt data in group {group}: {detail}")]
+    CorruptData { group: GroupId, detail: String },
     #[error("segment log: {0}")]
     Log(#[from] logdex_log::Error),
     #[error("key index: {0}")]
@@ -52,6 +58,17 @@ pub enum Error {
 impl Error {
     pub fn unavailable(msg: impl std::fmt::Display) -> Self {
         Error::Unavailable(msg.to_string())
+    }
+
+    /// True when a replica refused to answer from damaged stored data (a batch failing its
+    /// crc or framing, or the index and the log disagreeing): never a wrong answer, and the
+    /// API says so with its own error code.
+    pub fn is_corrupt_data(&self) -> bool {
+        match self {
+            Error::CorruptData { .. } => true,
+            Error::Log(e) => e.is_corruption(),
+            _ => false,
+        }
     }
 }
 

@@ -436,14 +436,20 @@ impl Node {
                 self.remove_group(group).await?;
             }
         }
+        let assigned: std::collections::HashSet<String> =
+            desired.iter().map(|(group, d)| format!("{group}-{}", d.2)).collect();
         for (group, (topic, record, replica)) in desired {
-            if !self.groups_read().contains_key(&group) {
-                self.start_group(&state, &topic, record, replica).await?;
+            if !self.groups_read().contains_key(&group)
+                && let Err(e) = self.start_group(&state, &topic, record, replica).await
+            {
+                // One replica that cannot open (damaged data, say) must not keep the
+                // others from starting; it stays stopped, keeps its files, and is retried.
+                tracing::error!(group, replica, error = %e, "cannot start partition replica");
             }
         }
         self.apply_topic_configs(&state);
         self.drive_moves(&state);
-        self.sweep_orphans()
+        self.sweep_orphans(&assigned)
     }
 
     /// Pushes topic config changes (segment size and age, retention) to the hosted logs.
@@ -573,7 +579,8 @@ impl Node {
 
     /// Removes replica directories this node no longer hosts (a removal that
     /// crashed half way, or a replica still referenced when it was removed).
-    fn sweep_orphans(&self) -> Result<()> {
+    /// Replicas still `assigned` here are kept even when not running (they failed to start).
+    fn sweep_orphans(&self, assigned: &std::collections::HashSet<String>) -> Result<()> {
         let root = self.inner.config.data_dir.join("partitions");
         let entries = match std::fs::read_dir(&root) {
             Ok(e) => e,
@@ -585,7 +592,7 @@ impl Node {
         for entry in entries {
             let entry = entry?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            if hosted.contains(&name) {
+            if hosted.contains(&name) || assigned.contains(&name) {
                 continue;
             }
             let Some(replica) = name.split_once('-').and_then(|(_, r)| r.parse::<ReplicaId>().ok()) else {

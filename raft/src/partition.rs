@@ -9,6 +9,14 @@
 //!   high watermark covers it, so no answer is ever ahead of commit.
 //! - Recovery ([`Partition::open`]) makes the log and the index agree on one
 //!   applied point; entries after it are re-applied from the Raft log.
+//! - Damaged data is refused, never answered: the segment log checks every
+//!   batch it reads (crc, framing, offsets), a lookup checks that the record
+//!   the index points at is there under the key asked, and a snapshot's files
+//!   are read whole before they replace this replica's log.
+//! - When the log lost a tail the index had recorded (the active segment cut
+//!   or damaged), the index is kept, the log is cut back to a durable point
+//!   and Raft re-applies the rest; lookups answer unavailable until the
+//!   replica is past the index's old applied point (`reapply.json`).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -41,6 +49,10 @@ const CHECKPOINT_FILE: &str = "checkpoint.json";
 const INSTALL_FILE: &str = "installing.json";
 /// Applied state and next offset of a snapshot, inside its directory.
 const SNAPSHOT_STATE_FILE: &str = "state.json";
+/// Present while the key index may be ahead of the segment log (the log lost a
+/// tail the index had recorded): the index's next offset then. Lookups wait
+/// until the replica re-applied that far.
+const REAPPLY_FILE: &str = "reapply.json";
 
 /// What a key lookup found on this replica.
 #[derive(Debug)]
@@ -70,6 +82,9 @@ pub struct Partition {
     log: RwLock<Log>,
     index: Index,
     high_watermark: AtomicU64,
+    /// While the high watermark is below this, the index may hold entries of
+    /// records not yet re-applied to the log: lookups are refused (0: none).
+    reapply_until: AtomicU64,
     /// Counters for metrics.
     pub counters: Counters,
 }
@@ -109,6 +124,11 @@ struct Checkpoint {
     next_offset: Offset,
 }
 
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+struct Reapply {
+    index_next_offset: Offset,
+}
+
 impl Partition {
     /// Opens (or creates) the replica in `dir` and reconciles log and index.
     /// Returns the partition and the applied state both agree on.
@@ -127,6 +147,7 @@ impl Partition {
         }
         let mut log = Log::open(&dir.join("log"), log_config.clone())?;
         let marker = index.applied(replica)?;
+        let mut reapply_until = read_json::<Reapply>(&dir.join(REAPPLY_FILE))?.map_or(0, |r| r.index_next_offset);
         let state = match marker {
             Some(m) if log.next_offset() >= m.next_offset => {
                 // The usual case after a crash: the log may hold batches the index
@@ -135,22 +156,36 @@ impl Partition {
                 AppliedState::decode(&m.state)?
             }
             Some(m) => {
+                // The log lost a tail the index recorded: its active segment was cut or
+                // damaged (the torn-tail scan dropped it), or power failed before a sync.
                 tracing::warn!(
                     group,
                     replica,
                     log_end = log.next_offset(),
                     index_end = m.next_offset,
-                    "index is ahead of the segment log after power loss; rolling back to the last checkpoint"
+                    "the segment log ends before the index's applied point; keeping the index, cutting the log back to a durable point and re-applying the rest from the Raft log"
                 );
-                rollback_to_checkpoint(replica, dir, &mut log, &index)?
+                reapply_until = reapply_until.max(m.next_offset);
+                let reapply = Reapply { index_next_offset: reapply_until };
+                write_file_durably(dir, REAPPLY_FILE, &serde_json::to_vec(&reapply).unwrap_or_default())?;
+                let point = recovery_point(group, replica, dir, &log)?;
+                cut_log(&mut log, point.next_offset)?;
+                AppliedState::decode(&point.state)?
             }
             None if log.next_offset() > log.start_offset() => {
-                tracing::warn!(group, replica, "segment log without index state; rolling back to the last checkpoint");
-                rollback_to_checkpoint(replica, dir, &mut log, &index)?
+                tracing::warn!(group, replica, "segment log without index state; rebuilding the index from the log");
+                let point = recovery_point(group, replica, dir, &log)?;
+                cut_log(&mut log, point.next_offset)?;
+                rebuild_index(replica, &log, &index, &point)?;
+                reapply_until = 0;
+                remove_file_durably(dir, REAPPLY_FILE)?;
+                AppliedState::decode(&point.state)?
             }
             None => AppliedState::default(),
         };
-        Ok((Partition::from_parts(group, replica, dir, log_config, log, index), state))
+        let partition = Partition::from_parts(group, replica, dir, log_config, log, index);
+        partition.reapply_until.store(reapply_until, Ordering::Release);
+        Ok((partition, state))
     }
 
     fn from_parts(
@@ -170,6 +205,7 @@ impl Partition {
             log: RwLock::new(log),
             index,
             high_watermark: AtomicU64::new(hw),
+            reapply_until: AtomicU64::new(0),
             counters: Counters::default(),
         }
     }
@@ -194,13 +230,37 @@ impl Partition {
         write_file_durably(staged, SNAPSHOT_STATE_FILE, &serde_json::to_vec(&snapshot_state).unwrap_or_default())
     }
 
+    /// Reads a snapshot's segment files whole and checks them (crc, framing,
+    /// offsets) against its state file; [`Error::Log`] `Corrupt` naming the
+    /// file and position when a batch fails (a damaged leader's snapshot).
+    pub fn verify_snapshot(&self, snapshot_dir: &Path) -> Result<()> {
+        let snapshot: Checkpoint = read_json(&snapshot_dir.join(SNAPSHOT_STATE_FILE))?
+            .ok_or_else(|| Error::Corrupted(format!("snapshot {} has no state file", snapshot_dir.display())))?;
+        let verified = Log::verify_files(&snapshot_dir.join("log")).map_err(|e| {
+            tracing::error!(group = self.group, replica = self.replica, error = %e, "refusing a snapshot whose segment files fail their checks; this replica's data is unchanged");
+            e
+        })?;
+        if verified != snapshot.next_offset {
+            return Err(Error::Corrupted(format!(
+                "snapshot in {} holds offsets up to {verified} but its state says {}",
+                snapshot_dir.display(),
+                snapshot.next_offset
+            )));
+        }
+        Ok(())
+    }
+
     /// Replaces this replica's log and index by a snapshot's; crash-safe: an
-    /// interrupted install is finished by the next open.
+    /// interrupted install is finished by the next open. The snapshot is
+    /// verified first ([`Partition::verify_snapshot`]): a damaged one fails the
+    /// install before anything is replaced.
     pub fn install_snapshot(&self, snapshot_dir: &Path) -> Result<AppliedState> {
+        self.verify_snapshot(snapshot_dir)?;
         write_file_durably(&self.dir, INSTALL_FILE, &serde_json::to_vec(snapshot_dir).unwrap_or_default())?;
         let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
         let (new_log, state) = install_files(self.replica, &self.dir, &self.log_config, &self.index, snapshot_dir)?;
         self.high_watermark.store(new_log.next_offset(), Ordering::Release);
+        self.reapply_until.store(0, Ordering::Release);
         *log = new_log;
         self.counters.snapshots_installed.fetch_add(1, Ordering::Relaxed);
         Ok(state)
@@ -297,11 +357,34 @@ impl Partition {
             return Ok(());
         }
         let checkpoint = Checkpoint { state: marker.state, next_offset: marker.next_offset };
-        write_file_durably(&self.dir, CHECKPOINT_FILE, &serde_json::to_vec(&checkpoint).unwrap_or_default())
+        write_file_durably(&self.dir, CHECKPOINT_FILE, &serde_json::to_vec(&checkpoint).unwrap_or_default())?;
+        let until = self.reapply_until.load(Ordering::Acquire);
+        if until > 0 && checkpoint.next_offset >= until {
+            // Durably past the index's old applied point: the index and the log agree again.
+            remove_file_durably(&self.dir, REAPPLY_FILE)?;
+            self.reapply_until.store(0, Ordering::Release);
+            tracing::info!(
+                group = self.group,
+                replica = self.replica,
+                next_offset = until,
+                "re-applied past the index's old applied point"
+            );
+        }
+        Ok(())
     }
 
     /// The live record for `key`, as of this replica's applied state.
+    /// Unavailable while the index is ahead of the log (see `reapply.json`);
+    /// [`Error::CorruptData`] or a segment log `Corrupt` error when the record
+    /// the index points at is damaged, missing or under another key.
     pub fn read_key(&self, key: &[u8]) -> Result<KeyRead> {
+        let (hw, until) = (self.high_watermark(), self.reapply_until.load(Ordering::Acquire));
+        if hw < until {
+            return Err(Error::Unavailable(format!(
+                "group {}: re-applying entries after the segment log lost its tail (offset {hw} of {until}); lookups wait until then",
+                self.group
+            )));
+        }
         match self.index.get(self.replica, key)? {
             Lookup::NotFound => Ok(KeyRead::NotFound),
             Lookup::Evicted(offset) => Ok(KeyRead::Evicted { offset }),
@@ -311,11 +394,19 @@ impl Partition {
                     return Ok(KeyRead::Evicted { offset });
                 }
                 match log.read_record(offset)? {
-                    Some((found, record)) if found == offset => Ok(KeyRead::Found { offset, record }),
-                    _ => Err(Error::Corrupted(format!(
-                        "index of group {} points at offset {offset}, which the segment log does not hold",
-                        self.group
-                    ))),
+                    Some((found, record)) if found == offset && record.key.as_deref() == Some(key) => {
+                        Ok(KeyRead::Found { offset, record })
+                    }
+                    Some(_) => Err(Error::CorruptData {
+                        group: self.group,
+                        detail: format!("the index points the key at offset {offset}, whose record has another key"),
+                    }),
+                    None => Err(Error::CorruptData {
+                        group: self.group,
+                        detail: format!(
+                            "the index points the key at offset {offset}, which the segment log does not hold"
+                        ),
+                    }),
                 }
             }
         }
@@ -349,6 +440,10 @@ impl Partition {
     /// points at it; tombstones stay until `tombstone_horizon_ms`. Offsets are
     /// preserved, so every lookup answer is unchanged.
     pub fn compact(&self, tombstone_horizon_ms: i64) -> Result<logdex_log::CompactStats> {
+        if self.high_watermark() < self.reapply_until.load(Ordering::Acquire) {
+            // The index is ahead of the log: it cannot say yet which records are live.
+            return Ok(logdex_log::CompactStats::default());
+        }
         let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
         let index = &self.index;
         let replica = self.replica;
@@ -444,6 +539,7 @@ fn install_files(
     let keys = index.rebuild(replica, keyed, &marker)??;
     index.persist()?;
     write_file_durably(dir, CHECKPOINT_FILE, &bytes)?;
+    remove_file_durably(dir, REAPPLY_FILE)?;
     match std::fs::remove_file(dir.join(INSTALL_FILE)) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -453,22 +549,47 @@ fn install_files(
     Ok((log, AppliedState::decode(&snapshot.state)?))
 }
 
-fn rollback_to_checkpoint(replica: ReplicaId, dir: &Path, log: &mut Log, index: &Index) -> Result<AppliedState> {
-    let (state, next_offset) = match std::fs::read(dir.join(CHECKPOINT_FILE)) {
-        Ok(bytes) => {
-            let c: Checkpoint = serde_json::from_slice(&bytes)
-                .map_err(|e| Error::Corrupted(format!("checkpoint of replica {replica}: {e}")))?;
-            (c.state, c.next_offset)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (AppliedState::default().encode(), 0),
-        Err(e) => return Err(e.into()),
-    };
+/// The latest point whose applied state is known that the log still holds:
+/// the last checkpoint, else the current snapshot (the active segment always
+/// starts at or after it, and the Raft log is never purged past it), else the
+/// start (the Raft log is whole when no snapshot was ever taken; otherwise
+/// openraft restores the snapshot first).
+fn recovery_point(group: GroupId, replica: ReplicaId, dir: &Path, log: &Log) -> Result<Checkpoint> {
+    let (start, end) = (log.start_offset(), log.next_offset());
+    let usable = |c: &Checkpoint| (start..=end).contains(&c.next_offset);
+    if let Some(c) = read_json::<Checkpoint>(&dir.join(CHECKPOINT_FILE))?.filter(usable) {
+        tracing::info!(group, replica, next_offset = c.next_offset, "rolling back to the last checkpoint");
+        return Ok(c);
+    }
+    let snapshot = crate::snapshot::SnapshotStore::open_existing(dir.join("snapshots")).current()?;
+    if let Some((_, files)) = snapshot
+        && let Some(c) = read_json::<Checkpoint>(&files.dir.join(SNAPSHOT_STATE_FILE))?.filter(usable)
+    {
+        tracing::warn!(
+            group,
+            replica,
+            next_offset = c.next_offset,
+            "the log ends before the last checkpoint; rolling back to the last snapshot"
+        );
+        return Ok(c);
+    }
+    tracing::warn!(group, replica, "the log holds no durable point; re-applying from the start of the Raft log");
+    Ok(Checkpoint { state: AppliedState::default().encode(), next_offset: 0 })
+}
+
+/// Cuts the log back to `next_offset` (empty at 0).
+fn cut_log(log: &mut Log, next_offset: Offset) -> Result<()> {
     if next_offset == 0 {
         log.reset(0)?;
     } else {
         log.truncate(next_offset)?;
     }
-    let marker = AppliedMarker { state: state.clone(), next_offset };
+    Ok(())
+}
+
+/// Rebuilds the replica's index from the whole log, with `point` as its applied marker.
+fn rebuild_index(replica: ReplicaId, log: &Log, index: &Index, point: &Checkpoint) -> Result<()> {
+    let marker = AppliedMarker { state: point.state.clone(), next_offset: point.next_offset };
     // Records without a key are not indexed.
     let keyed = log.scan(log.start_offset()).filter_map(|r| match r {
         Ok((offset, record)) => {
@@ -478,7 +599,27 @@ fn rollback_to_checkpoint(replica: ReplicaId, dir: &Path, log: &mut Log, index: 
         Err(e) => Some(Err(e)),
     });
     index.rebuild(replica, keyed, &marker)??;
-    AppliedState::decode(&state)
+    Ok(())
+}
+
+/// A JSON file, `None` when it does not exist.
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            serde_json::from_slice(&bytes).map(Some).map_err(|e| Error::Corrupted(format!("{}: {e}", path.display())))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Removes `name` from `dir` if present, durably.
+fn remove_file_durably(dir: &Path, name: &str) -> Result<()> {
+    match std::fs::remove_file(dir.join(name)) {
+        Ok(()) => Ok(std::fs::File::open(dir)?.sync_all()?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Writes `name` in `dir` so that after a crash it holds either the old or the new bytes.

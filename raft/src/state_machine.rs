@@ -243,6 +243,11 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
     }
 
     async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: SnapshotData) -> Result<(), io::Error> {
+        if let GroupData::Partition(p) = &self.data {
+            // Before it becomes this replica's current snapshot (which replaces the
+            // previous one): a damaged snapshot must leave the replica as it was.
+            p.verify_snapshot(&snapshot.dir).map_err(to_io)?;
+        }
         let adopted = self.snapshots.adopt(&snapshot, meta).map_err(to_io)?;
         match &self.data {
             GroupData::Partition(p) => {

@@ -1,5 +1,5 @@
-//! The faults: kills, power loss, pauses and network faults, applied to a running cluster
-//! while the workload runs, each recorded as an event with evidence that it happened.
+//! The faults: kills, power loss, disk damage, pauses and network faults, applied to a running
+//! cluster while the workload runs, each recorded as an event with evidence that it happened.
 //!
 //! Every random choice (which fault, which node, how long) comes from the nemesis's own RNG,
 //! seeded from the run's seed, so a seed replays the same fault schedule; targets named by
@@ -25,6 +25,9 @@ use crate::proxy::LinkStats;
 
 /// The log line a replica writes when it installed a snapshot (raft/src/partition.rs).
 const SNAPSHOT_INSTALLED: &str = "snapshot installed";
+/// The log line of a segment log that cut a damaged or torn tail off its active segment on
+/// open (log/src/segment.rs).
+const TORN_TAIL_CUT: &str = "truncating torn tail of the active segment";
 const POLL: Duration = Duration::from_millis(250);
 const MOVE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -64,6 +67,8 @@ pub struct Nemesis<'a> {
     pub election_timeout_max: Duration,
     pub snapshot_every: Option<u64>,
     pub events: Vec<Event>,
+    /// Bit flips the nemesis made in sealed segments (for C4: what a replica must refuse).
+    pub damages: Vec<crate::damage::Damage>,
 }
 
 impl Nemesis<'_> {
@@ -227,6 +232,70 @@ impl Nemesis<'_> {
         }
         self.hold(down.saturating_sub(started.elapsed())).await?;
         self.restart(victim).await
+    }
+
+    /// kill -9 one node (the leader of a random partition half the time); while it is down,
+    /// flip a bit inside a record of one of its sealed segments and cut the active segment of
+    /// the same partition replica inside one of its last batches (with `above_checkpoint`, only
+    /// batches at or above its last checkpoint when there are some); restart it after `down`.
+    /// Nodes in `spare` are not chosen. Evidence: both changes read back from disk, and the
+    /// restarted node logged that it cut the damaged tail.
+    pub async fn flip_and_cut_one(&mut self, down: Duration, spare: &[u64], above_checkpoint: bool) -> Result<()> {
+        let partition = self.rng.random_range(0..self.partitions);
+        let by_leader = self.rng.random_bool(0.5);
+        let pick = self.rng.random_range(0..64usize);
+        let running: Vec<u64> = self.cluster.running_ids().into_iter().filter(|id| !spare.contains(id)).collect();
+        if running.is_empty() {
+            return Err(Error::Check("no running node left to damage".into()));
+        }
+        let (victim, why) = match self.layout(&[]).await.get(&partition) {
+            Some((Some(l), _, _)) if by_leader && running.contains(l) => {
+                (*l, format!("leader of partition {partition}"))
+            }
+            _ => (running[pick % running.len()], "a random node".to_string()),
+        };
+        self.kill(victim, &format!("{why}, to damage its files"))?;
+        let cuts_before = count_in_log(self.cluster.log_path(victim), TORN_TAIL_CUT);
+        let data_dir = self.cluster.data_dir(victim).to_path_buf();
+        let damaged = crate::damage::flip_and_cut(victim, &data_dir, above_checkpoint, &mut self.rng)?;
+        let evidence = match &damaged {
+            Some((damage, cut)) => Evidence {
+                ok: cut.bytes_after < cut.bytes_before,
+                detail: format!(
+                    "byte {} of {} flipped (batch at {}, offsets {}..={}); {} cut from {} to {} bytes ({} batches, {} the checkpoint at {:?})",
+                    damage.at,
+                    damage.file.display(),
+                    damage.batch.position,
+                    damage.batch.base_offset,
+                    damage.batch.last_offset,
+                    cut.file.display(),
+                    cut.bytes_before,
+                    cut.bytes_after,
+                    cut.batches,
+                    if cut.above_checkpoint { "above" } else { "reaching below" },
+                    cut.checkpoint
+                ),
+            },
+            None => Evidence { ok: false, detail: "no replica had a sealed segment and an active one".into() },
+        };
+        self.note(
+            EventKind::Fault,
+            format!("node {victim} down: a bit flipped in a sealed segment, its active segment cut"),
+            Some(evidence),
+        );
+        let index = self.events.len() - 1;
+        if let Some((damage, _)) = damaged {
+            self.damages.push(damage);
+        }
+        self.hold(down).await?;
+        self.restart(victim).await?;
+        let cuts = count_in_log(self.cluster.log_path(victim), TORN_TAIL_CUT).saturating_sub(cuts_before);
+        if cuts == 0 {
+            let detail = self.events[index].evidence.as_ref().map(|e| e.detail.clone()).unwrap_or_default();
+            let missing = format!("{detail}; but node {victim} did not log that it cut its damaged active segment");
+            self.confirm(index, false, missing);
+        }
+        Ok(())
     }
 
     pub fn kill(&mut self, id: u64, why: &str) -> Result<()> {

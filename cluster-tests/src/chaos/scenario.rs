@@ -69,6 +69,10 @@ pub enum Faults {
     /// A fourth node joins; two partition moves onto it, one killing the leader mid-move and
     /// one killing the new node mid-move.
     PartitionMove,
+    /// kill -9 one node, flip a bit inside a record of one of its sealed segments and cut its
+    /// active segment short, restart it; twice, on two different nodes (the first cut above the
+    /// replica's last checkpoint, the second anywhere).
+    Corruption,
     /// Everything above mixed at random for the whole fault window, on 5 nodes.
     Mixed,
 }
@@ -97,6 +101,8 @@ pub struct Scenario {
     pub heartbeat_ms: u64,
     pub election_timeout_ms: u64,
     pub snapshot_every: Option<u64>,
+    /// The chaos topic's `segment.bytes` (small segments give sealed ones to damage).
+    pub segment_bytes: Option<u64>,
     /// Workload before the first fault, time the faults run (for looping scenarios), and
     /// workload after the last heal.
     pub warmup: Duration,
@@ -129,6 +135,7 @@ impl Scenario {
             heartbeat_ms: 200,
             election_timeout_ms: 1000,
             snapshot_every,
+            segment_bytes: (faults == Faults::Corruption).then_some(4096),
             warmup: Duration::from_secs(5),
             fault_window,
             cooldown: Duration::from_secs(6),
@@ -205,6 +212,9 @@ async fn run_on(cluster: &mut Cluster, s: &Scenario, seed: u64, rng: &mut StdRng
         let mut spec = TopicSpec::compacted(TOPIC, s.partitions, s.replication_factor);
         // `delete` with the default retention keeps every record, so C1 sees each one.
         spec.config.insert("cleanup.policy".into(), json!("delete"));
+        if let Some(bytes) = s.segment_bytes {
+            spec.config.insert("segment.bytes".into(), json!(bytes.to_string()));
+        }
         spec
     };
     let base = cluster.url(1);
@@ -232,6 +242,7 @@ async fn run_on(cluster: &mut Cluster, s: &Scenario, seed: u64, rng: &mut StdRng
         election_timeout_max: Duration::from_millis(2 * s.election_timeout_ms),
         snapshot_every: s.snapshot_every,
         events: Vec::new(),
+        damages: Vec::new(),
     };
     let faulted = apply_faults(&mut nemesis, s, &workload).await;
     let healed = heal_everything(&mut nemesis).await;
@@ -239,6 +250,7 @@ async fn run_on(cluster: &mut Cluster, s: &Scenario, seed: u64, rng: &mut StdRng
         let _ = nemesis.hold(s.cooldown).await;
     }
     let events = std::mem::take(&mut nemesis.events);
+    let damages = std::mem::take(&mut nemesis.damages);
     drop(nemesis);
     let ops = workload.stop().await;
     let artifacts = Artifacts { dir: cluster.dir().join("chaos"), seed, scenario: s.name.clone() };
@@ -247,7 +259,7 @@ async fn run_on(cluster: &mut Cluster, s: &Scenario, seed: u64, rng: &mut StdRng
         return Err(e);
     }
     let mut check_rng = StdRng::seed_from_u64(rng.random());
-    let converged = match converge::converge(cluster, TOPIC, s.partitions, &mut check_rng).await {
+    let converged = match converge::converge(cluster, TOPIC, s.partitions, &damages, &mut check_rng).await {
         Ok(c) => c,
         Err(e) => {
             artifacts.save(&ops, &events, None, &format!("the cluster did not converge: {e}\n"));
@@ -262,6 +274,7 @@ async fn run_on(cluster: &mut Cluster, s: &Scenario, seed: u64, rng: &mut StdRng
         check_coverage(&ops, &events, &s.coverage),
     ];
     let report = report(s, seed, &ops, &events, &converged.logs, &findings);
+    let report = report + &converged.notes.iter().map(|n| format!("damage: {n}\n")).collect::<String>();
     eprintln!("{report}");
     if findings.iter().all(Findings::is_ok) {
         if std::env::var_os(crate::cluster::KEEP_ENV).is_some() {
@@ -303,6 +316,19 @@ async fn apply_faults(n: &mut Nemesis<'_>, s: &Scenario, workload: &Workload) ->
                 let down = Duration::from_millis(n.rng.random_range(2000..=4000));
                 n.kill_one(down).await?;
                 let calm = Duration::from_millis(n.rng.random_range(2000..=4000));
+                n.hold(calm).await?;
+            }
+        }
+        Faults::Corruption => {
+            // First a cut above the replica's last checkpoint (it rolls back to it, re-applies
+            // the cut tail and keeps the flipped batch: it must refuse it), then one anywhere
+            // (deeper, it may re-apply everything and so heal the flip too).
+            let mut victims = Vec::new();
+            for above_checkpoint in [true, false] {
+                let down = Duration::from_millis(n.rng.random_range(2000..=4000));
+                n.flip_and_cut_one(down, &victims, above_checkpoint).await?;
+                victims.extend(n.damages.last().map(|d| d.node));
+                let calm = Duration::from_millis(n.rng.random_range(3000..=5000));
                 n.hold(calm).await?;
             }
         }
