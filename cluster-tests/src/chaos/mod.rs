@@ -9,6 +9,8 @@
 //!   catch-up, partition moves; each fault recorded with evidence.
 //! - [`checker`]: C1 log, C2 linearizable key reads, C3 sessions (pure functions of the
 //!   history and the final logs, with self-tests).
+//! - [`wgl`]: C2x, a Wing-Gong/Lowe linearizability search over sampled keys (`porcupine-rs`),
+//!   a cross-check of C2 from the history alone.
 //! - [`converge`]: C4, every replica holds the same records and answers every key the same.
 //! - [`scenario`]: a run from start to verdict, C5 coverage, the report and the artifacts.
 
@@ -17,4 +19,5 @@ pub mod converge;
 pub mod nemesis;
 pub mod op;
 pub mod scenario;
+pub mod wgl;
 pub mod workload;

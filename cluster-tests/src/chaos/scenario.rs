@@ -29,6 +29,7 @@ use crate::chaos::op::OP_TIMEOUT;
 use crate::chaos::op::Op;
 use crate::chaos::op::Outcome;
 use crate::chaos::op::Request;
+use crate::chaos::wgl;
 use crate::chaos::workload::RunState;
 use crate::chaos::workload::Workload;
 use crate::chaos::workload::WorkloadConfig;
@@ -266,14 +267,16 @@ async fn run_on(cluster: &mut Cluster, s: &Scenario, seed: u64, rng: &mut StdRng
             return Err(e);
         }
     };
+    let wgl = wgl::cross_check(&ops, &wgl::Limits::CI);
     let findings = vec![
         checker::check_log(&ops, &converged.logs),
         checker::check_key_reads(&ops, &converged.logs),
+        wgl.findings,
         checker::check_sessions(&ops, &converged.logs),
         converged.findings,
         check_coverage(&ops, &events, &s.coverage),
     ];
-    let report = report(s, seed, &ops, &events, &converged.logs, &findings);
+    let report = report(s, seed, &ops, &events, &converged.logs, &findings) + &wgl.summary + "\n";
     let report = report + &converged.notes.iter().map(|n| format!("damage: {n}\n")).collect::<String>();
     eprintln!("{report}");
     if findings.iter().all(Findings::is_ok) {
