@@ -311,7 +311,6 @@ impl Partition {
             }
             log.next_offset()
         };
-        self.high_watermark.store(next_offset, Ordering::Release);
         // One update per key, the last in offset order: a batch may write a key twice.
         let mut last: HashMap<&[u8], Update<'_>> = HashMap::new();
         for (offset, record) in records_per_batch.iter().flatten() {
@@ -325,6 +324,9 @@ impl Partition {
         let updates: Vec<Update<'_>> = last.into_values().collect();
         let marker = AppliedMarker { state: state.encode(), next_offset };
         self.index.apply(self.replica, &updates, &marker)?;
+        // Published only now: a reader that sees the new high watermark (a `min_offset` read
+        // waits for it) must find every key of these batches in the index.
+        self.high_watermark.store(next_offset, Ordering::Release);
         Ok(results)
     }
 
