@@ -871,11 +871,8 @@ impl Node {
     pub async fn read_key(&self, group: GroupId, key: &[u8], mode: ReadMode) -> Result<(KeyRead, u64)> {
         let hosted = self.group(group).ok_or(Error::NotHosted { group })?;
         self.read_barrier(&hosted, mode).await?;
-        // The index may expose a batch being committed; the high watermark,
-        // published before that batch, is read after the lookup so it covers it.
-        let read = hosted.partition.read_key(key)?;
-        let hw = hosted.partition.high_watermark();
-        Ok((read, hw))
+        // The lookup and the high watermark it reports are one consistent snapshot.
+        Ok(hosted.partition.read_key_at(key)?)
     }
 
     /// This node's view of its groups, for routing and describe.

@@ -82,6 +82,11 @@ pub struct Partition {
     log: RwLock<Log>,
     index: Index,
     high_watermark: AtomicU64,
+    /// Held for writing while the index takes new keys and the high watermark moves to
+    /// cover them, and for reading while a lookup reads both: a lookup's index state and
+    /// high watermark are one snapshot (never an offset at or above the high watermark it
+    /// reports, never a write below it missing).
+    visibility: RwLock<()>,
     /// While the high watermark is below this, the index may hold entries of
     /// records not yet re-applied to the log: lookups are refused (0: none).
     reapply_until: AtomicU64,
@@ -205,6 +210,7 @@ impl Partition {
             log: RwLock::new(log),
             index,
             high_watermark: AtomicU64::new(hw),
+            visibility: RwLock::new(()),
             reapply_until: AtomicU64::new(0),
             counters: Counters::default(),
         }
@@ -258,6 +264,7 @@ impl Partition {
         self.verify_snapshot(snapshot_dir)?;
         write_file_durably(&self.dir, INSTALL_FILE, &serde_json::to_vec(snapshot_dir).unwrap_or_default())?;
         let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
+        let _visible = self.visibility.write().map_err(|_| Error::Corrupted("visibility lock poisoned".into()))?;
         let (new_log, state) = install_files(self.replica, &self.dir, &self.log_config, &self.index, snapshot_dir)?;
         self.high_watermark.store(new_log.next_offset(), Ordering::Release);
         self.reapply_until.store(0, Ordering::Release);
@@ -323,9 +330,11 @@ impl Partition {
         }
         let updates: Vec<Update<'_>> = last.into_values().collect();
         let marker = AppliedMarker { state: state.encode(), next_offset };
+        // The keys and the high watermark that covers them become visible together: a reader
+        // that sees the new high watermark (a `min_offset` read waits for it) finds every key
+        // of these batches, and no lookup answers an offset the high watermark does not cover.
+        let _visible = self.visibility.write().map_err(|_| Error::Corrupted("visibility lock poisoned".into()))?;
         self.index.apply(self.replica, &updates, &marker)?;
-        // Published only now: a reader that sees the new high watermark (a `min_offset` read
-        // waits for it) must find every key of these batches in the index.
         self.high_watermark.store(next_offset, Ordering::Release);
         Ok(results)
     }
@@ -380,14 +389,29 @@ impl Partition {
     /// [`Error::CorruptData`] or a segment log `Corrupt` error when the record
     /// the index points at is damaged, missing or under another key.
     pub fn read_key(&self, key: &[u8]) -> Result<KeyRead> {
-        let (hw, until) = (self.high_watermark(), self.reapply_until.load(Ordering::Acquire));
-        if hw < until {
-            return Err(Error::Unavailable(format!(
-                "group {}: re-applying entries after the segment log lost its tail (offset {hw} of {until}); lookups wait until then",
-                self.group
-            )));
-        }
-        match self.index.get(self.replica, key)? {
+        self.read_key_at(key).map(|(read, _)| read)
+    }
+
+    /// [`Partition::read_key`], with the high watermark the answer is consistent with: every
+    /// write below it is reflected, and an answer's offset is below it.
+    pub fn read_key_at(&self, key: &[u8]) -> Result<(KeyRead, Offset)> {
+        let (lookup, hw) = {
+            let _visible = self.visibility.read().map_err(|_| Error::Corrupted("visibility lock poisoned".into()))?;
+            let hw = self.high_watermark();
+            let until = self.reapply_until.load(Ordering::Acquire);
+            if hw < until {
+                return Err(Error::Unavailable(format!(
+                    "group {}: re-applying entries after the segment log lost its tail (offset {hw} of {until}); lookups wait until then",
+                    self.group
+                )));
+            }
+            (self.index.get(self.replica, key)?, hw)
+        };
+        self.read_found(key, lookup).map(|read| (read, hw))
+    }
+
+    fn read_found(&self, key: &[u8], lookup: Lookup) -> Result<KeyRead> {
+        match lookup {
             Lookup::NotFound => Ok(KeyRead::NotFound),
             Lookup::Evicted(offset) => Ok(KeyRead::Evicted { offset }),
             Lookup::Found(offset) => {
