@@ -50,7 +50,10 @@ pub const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(600);
 /// Bytes of one snapshot file chunk on the wire.
 pub const SNAPSHOT_CHUNK_BYTES: usize = 1024 * 1024;
 
-/// Streams the header, then every file of the snapshot in chunks with its CRC-32C.
+/// Streams the header, then every file of the snapshot in chunks with its CRC-32C, then the
+/// end marker. The files are opened first, all at once ([`crate::snapshot::SnapshotFiles::open_all`]), so a
+/// newer snapshot replacing this one meanwhile cannot cut the transfer short; on any error it
+/// stops before the end marker, so the receiver refuses what it got.
 async fn send_snapshot_files(
     header: pb::SnapshotHeader,
     files: SnapshotData,
@@ -60,9 +63,11 @@ async fn send_snapshot_files(
     use tokio::io::AsyncReadExt;
     let closed = |_| std::io::Error::other("snapshot receiver closed the stream");
     tx.send(pb::SnapshotChunk { kind: Some(Kind::Header(header)) }).await.map_err(closed)?;
-    for rel in files.list().map_err(std::io::Error::other)? {
+    let opened = files.open_all().map_err(std::io::Error::other)?;
+    let count = opened.len() as u64;
+    for (rel, file) in opened {
         let name = rel.to_string_lossy().replace(std::path::MAIN_SEPARATOR, "/");
-        let mut file = tokio::fs::File::open(files.dir.join(&rel)).await?;
+        let mut file = tokio::fs::File::from_std(file);
         let mut crc = 0u32;
         let mut size = 0u64;
         loop {
@@ -80,7 +85,8 @@ async fn send_snapshot_files(
         let end = pb::SnapshotFileEnd { name, size, crc32c: crc };
         tx.send(pb::SnapshotChunk { kind: Some(Kind::FileEnd(end)) }).await.map_err(closed)?;
     }
-    Ok(())
+    let end = pb::SnapshotEnd { files: count };
+    tx.send(pb::SnapshotChunk { kind: Some(Kind::End(end)) }).await.map_err(closed)
 }
 
 /// Adds the node-to-node bearer token, when configured, to every request.

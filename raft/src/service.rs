@@ -158,7 +158,12 @@ async fn receive_snapshot_files(dir: &Path, stream: &mut Streaming<pb::SnapshotC
     let io = |e: std::io::Error| Status::internal(format!("writing snapshot: {e}"));
     let mut current: Option<(String, tokio::fs::File, u32, u64)> = None;
     let mut files = 0usize;
+    let mut files_ended = 0usize;
+    let mut ended = false;
     while let Some(chunk) = stream.message().await? {
+        if ended {
+            return Err(Status::invalid_argument("snapshot data after its end marker"));
+        }
         match chunk.kind {
             Some(Kind::Data(d)) => {
                 if current.as_ref().map(|c| &c.0) != Some(&d.name) {
@@ -206,6 +211,16 @@ async fn receive_snapshot_files(dir: &Path, stream: &mut Streaming<pb::SnapshotC
                     )));
                 }
                 file.sync_all().await.map_err(io)?;
+                files_ended += 1;
+            }
+            Some(Kind::End(end)) => {
+                if current.is_some() || end.files != files_ended as u64 {
+                    return Err(Status::invalid_argument(format!(
+                        "snapshot end marker says {} files, {files_ended} were received whole",
+                        end.files
+                    )));
+                }
+                ended = true;
             }
             Some(Kind::Header(_)) => return Err(Status::invalid_argument("second snapshot header")),
             None => return Err(Status::invalid_argument("empty snapshot chunk")),
@@ -213,6 +228,11 @@ async fn receive_snapshot_files(dir: &Path, stream: &mut Streaming<pb::SnapshotC
     }
     if current.is_some() {
         return Err(Status::invalid_argument("snapshot stream ended inside a file"));
+    }
+    if !ended {
+        // The sender stopped early (a file of its snapshot vanished, say): what arrived is not
+        // the whole snapshot, and installing it would fail the state machine.
+        return Err(Status::aborted("snapshot stream ended before its end marker; the sender failed"));
     }
     sync_dirs(dir).map_err(io)
 }

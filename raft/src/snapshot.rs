@@ -23,6 +23,12 @@ use crate::types::SnapshotMeta;
 const CURRENT_FILE: &str = "CURRENT";
 const META_FILE: &str = "meta.json";
 
+/// Held for reading while a snapshot's files are listed and opened to be sent, and for writing
+/// while superseded snapshot directories are removed (a new snapshot was committed): a snapshot
+/// being sent is opened whole (open files stay readable after removal) or found gone, never
+/// listed half-removed. Process-wide: removals are rare and opening takes microseconds.
+static REMOVAL: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 /// The data of a snapshot: a directory of files.
 #[derive(Debug, Clone)]
 pub struct SnapshotFiles {
@@ -36,6 +42,27 @@ impl SnapshotFiles {
         list_into(&self.dir, Path::new(""), &mut out)?;
         out.sort();
         Ok(out)
+    }
+
+    /// Opens every file of this committed snapshot, as `list` names them, for sending. An
+    /// error when the snapshot is gone or incomplete (it has no `meta.json`): a newer one
+    /// replaced it, and the caller should send the current one instead.
+    pub fn open_all(&self) -> Result<Vec<(PathBuf, fs::File)>> {
+        let _removal = REMOVAL.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let gone = || Error::Unavailable(format!("snapshot {} was replaced by a newer one", self.dir.display()));
+        let list = match self.list() {
+            Err(Error::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => return Err(gone()),
+            list => list?,
+        };
+        if !list.iter().any(|rel| rel == Path::new(META_FILE)) {
+            return Err(gone());
+        }
+        list.into_iter()
+            .map(|rel| {
+                let file = fs::File::open(self.dir.join(&rel))?;
+                Ok((rel, file))
+            })
+            .collect()
     }
 }
 
@@ -62,6 +89,7 @@ impl SnapshotStore {
     pub fn open(root: PathBuf) -> Result<SnapshotStore> {
         fs::create_dir_all(&root)?;
         let current = read_current(&root)?;
+        let _removal = REMOVAL.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         for entry in fs::read_dir(&root)? {
             let entry = entry?;
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -107,6 +135,7 @@ impl SnapshotStore {
         let bytes = serde_json::to_vec(meta).map_err(|e| Error::Corrupted(e.to_string()))?;
         write_file_durably(staged, META_FILE, &bytes)?;
         let dir = self.root.join(id);
+        let _removal = REMOVAL.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         if dir.exists() {
             fs::remove_dir_all(&dir)?;
         }
@@ -176,5 +205,46 @@ pub fn new_snapshot_id(applied: Option<&crate::types::LogId>) -> String {
     match applied {
         Some(l) => format!("{}-{}-{nanos}", l.leader_id.term, l.index),
         None => format!("0-0-{nanos}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read as _;
+
+    use super::*;
+    use crate::types::StoredMembership;
+
+    /// A leader sending a snapshot while it commits a newer one (which removes the older
+    /// directory) either opened the older one whole before the removal, and reads it whole,
+    /// or finds it gone: never a part of it.
+    #[test]
+    fn a_snapshot_opened_for_sending_stays_whole_after_a_newer_one_replaced_it() -> Result<()> {
+        let root = tempfile::tempdir()?;
+        let store = SnapshotStore::open(root.path().join("snapshots"))?;
+        let meta = SnapshotMeta { last_log_id: None, last_membership: StoredMembership::default() };
+        let staged = store.staging("old")?;
+        fs::create_dir_all(staged.join("log"))?;
+        fs::write(staged.join("log").join("00000000000000000000.log"), b"segment")?;
+        fs::write(staged.join("state.json"), b"old state")?;
+        let old = store.commit(&staged, "old", &meta)?;
+        let opened = old.open_all()?;
+        let staged = store.staging("new")?;
+        fs::write(staged.join("state.json"), b"new state")?;
+        store.commit(&staged, "new", &meta)?;
+        assert!(!old.dir.exists(), "committing a snapshot removes the one it replaces");
+        assert!(matches!(old.open_all(), Err(Error::Unavailable(_))), "a replaced snapshot cannot be opened");
+        let names: Vec<PathBuf> = opened.iter().map(|(rel, _)| rel.clone()).collect();
+        let expected: Vec<PathBuf> =
+            ["log/00000000000000000000.log", META_FILE, "state.json"].iter().map(PathBuf::from).collect();
+        assert_eq!(names, expected);
+        for (rel, mut file) in opened {
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes)?;
+            if rel == Path::new("state.json") {
+                assert_eq!(bytes, b"old state");
+            }
+        }
+        Ok(())
     }
 }
