@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # The whole test suite: tidy checks, unit and behaviour tests of every crate,
-# then the multi-process cluster tests against the built binary.
+# then the multi-process cluster tests against a server built with crash points.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/tidy.sh
 
-echo "test: building the logdex binary"
-cargo build -p logdex-api --bin logdex
-export LOGDEX_BIN="$PWD/target/debug/logdex"
-
 echo "test: crate tests"
 cargo test --workspace --exclude logdex-cluster-tests
 
-echo "test: cluster tests (real processes on loopback, one test at a time)"
+# The cluster tests drive a server built with `--features failpoints` (crash points armed
+# through FAILPOINTS, cluster-tests/README.md). Built after the crate tests, which rebuild
+# target/debug/logdex without the feature, and copied, so nothing rebuilds it under them.
+echo "test: building the logdex binary with crash points (--features failpoints)"
+cargo build -p logdex-api --bin logdex --features failpoints
+cp target/debug/logdex target/debug/logdex-failpoints
+export LOGDEX_BIN="$PWD/target/debug/logdex-failpoints"
+
+echo "test: cluster tests (real processes on loopback, one test at a time, server $LOGDEX_BIN)"
 cargo test -p logdex-cluster-tests -- --test-threads=1

@@ -34,4 +34,6 @@ done
 
 echo "tidy: cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "tidy: cargo clippy (failpoints build)"
+cargo clippy -p logdex-api --all-targets --features failpoints --quiet -- -D warnings
 echo "tidy: ok"

@@ -8,6 +8,8 @@ pub mod bench_measure;
 pub mod bench_restart;
 pub mod cli;
 pub mod client;
+#[cfg(feature = "failpoints")]
+pub mod crash_points;
 pub mod dev;
 pub mod error;
 pub mod grpc;

@@ -235,6 +235,9 @@ pub async fn start(args: ServeArgs) -> Result<RunningNode, String> {
 /// `logdex serve`: runs until Ctrl-C or SIGTERM, then shuts down cleanly.
 pub async fn serve(args: ServeArgs) -> Result<(), String> {
     init_tracing(&args.log);
+    // Test builds only: arm the crash points named in FAILPOINTS (see crash_points.rs).
+    #[cfg(feature = "failpoints")]
+    crate::crash_points::arm();
     let running = start(args).await?;
     shutdown_signal().await;
     tracing::info!("shutting down");

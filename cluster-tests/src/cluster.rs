@@ -8,7 +8,8 @@
 //! [`Cluster::start`] runs every node on 127.0.0.1 with direct links. [`Cluster::start_with`]
 //! can put every node on its own loopback IP behind the fault [`Proxy`], add spare nodes that
 //! join later (`--join`), set Raft timings and snapshot frequency, and turn on the fsync trace
-//! that [`Cluster::power_loss`] uses.
+//! that [`Cluster::power_loss`] uses. [`Cluster::set_node_env`] arms crash points (`FAILPOINTS`)
+//! for one node's next launches, and [`Cluster::wait_exited`] waits for it to crash.
 
 use std::fs::OpenOptions;
 use std::io::Write as _;
@@ -53,6 +54,13 @@ const LOG_LINE_CHARS_MAX: usize = 400;
 pub const KEEP_ENV: &str = "LOGDEX_TEST_KEEP";
 /// Name of the fsync trace file in a node's data dir (see `raft/src/fsync_trace.rs`).
 pub const FSYNC_TRACE_FILE: &str = "fsync.trace";
+/// The variable a `failpoints` build of the server reads its crash points from
+/// (`name=actions;...`, see `api/src/crash_points.rs`).
+pub const FAILPOINTS_ENV: &str = "FAILPOINTS";
+/// The signal a `failpoints` build dies of when a crash point fires (`abort`).
+pub const SIGABRT: i32 = 6;
+/// How often [`Cluster::wait_exited`] looks at a node's process.
+const EXIT_POLL_INTERVAL: Duration = Duration::from_millis(50);
 /// Node `i` of a proxied cluster listens on `127.0.0.(PROXIED_IP_BASE + i)`.
 const PROXIED_IP_BASE: u8 = 10;
 
@@ -128,6 +136,8 @@ struct NodeProcess {
     /// Stopped with SIGSTOP and not yet continued.
     paused: std::sync::atomic::AtomicBool,
     launches: u32,
+    /// Environment variables of the node's next launches (e.g. `FAILPOINTS`).
+    env: Vec<(String, String)>,
 }
 
 impl Cluster {
@@ -214,6 +224,68 @@ impl Cluster {
     /// The process id of node `id`, when running.
     pub fn pid(&self, id: u64) -> Option<u32> {
         self.node(id).lock_child().as_ref().map(Child::id)
+    }
+
+    /// Sets environment variable `key` for node `id`'s next launches (until cleared), e.g.
+    /// [`FAILPOINTS_ENV`] to arm crash points. A running node is unaffected until restarted.
+    pub fn set_node_env(&mut self, id: u64, key: &str, value: &str) {
+        let env = &mut self.node_mut(id).env;
+        env.retain(|(k, _)| k != key);
+        env.push((key.to_string(), value.to_string()));
+    }
+
+    /// Removes every variable set by [`Cluster::set_node_env`] for node `id`'s next launches.
+    pub fn clear_node_env(&mut self, id: u64) {
+        self.node_mut(id).env.clear();
+    }
+
+    /// Waits until node `id`'s process exits by itself (a crash: nothing here signals it),
+    /// reaps it and returns its exit status; a timeout while it still runs is an error. The
+    /// node counts as stopped afterwards: [`Cluster::restart`] starts it again.
+    pub async fn wait_exited(&mut self, id: u64, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let started = Instant::now();
+        let attempts_max = timeout.as_millis() / EXIT_POLL_INTERVAL.as_millis() + 2;
+        for _ in 0..attempts_max {
+            let exited = {
+                let node = self.node(id);
+                let mut guard = node.lock_child();
+                let Some(child) = guard.as_mut() else {
+                    return Err(Error::Check(format!("node {id} is not running (killed by the test)")));
+                };
+                match child.try_wait() {
+                    Ok(None) => None,
+                    Ok(Some(status)) => {
+                        *guard = None;
+                        node.paused.store(false, std::sync::atomic::Ordering::SeqCst);
+                        Some(status)
+                    }
+                    Err(e) => return Err(Error::io(format!("checking node {id}"), e)),
+                }
+            };
+            if let Some(status) = exited {
+                eprintln!("node {id} exited by itself after {} ms: {status}", started.elapsed().as_millis());
+                return Ok(status);
+            }
+            if started.elapsed() >= timeout {
+                break;
+            }
+            tokio::time::sleep(EXIT_POLL_INTERVAL).await;
+        }
+        Err(Error::Timeout {
+            what: format!("node {id} to exit by itself"),
+            waited_ms: started.elapsed().as_millis(),
+            last: format!("still running; its log ends with:\n{}", self.log_tail(id, 10)),
+        })
+    }
+
+    /// What node `id` logged since its last launch (the log is appended across launches).
+    pub fn launch_log(&self, id: u64) -> Result<String> {
+        let node = self.node(id);
+        let bytes =
+            std::fs::read(&node.log_path).map_err(|e| Error::io(format!("reading {}", node.log_path.display()), e))?;
+        let text = String::from_utf8_lossy(&bytes);
+        let marker = format!("===== harness: launch #{} of node {id} =====", node.launches);
+        Ok(text.rfind(&marker).map_or(&text[..], |at| &text[at..]).to_string())
     }
 
     /// Stops node `id` with SIGSTOP (a process pause: no crash, no lost state).
@@ -547,8 +619,13 @@ impl Cluster {
                 command.env_remove(&name);
             }
         }
+        // Crash points are armed per node and launch (`set_node_env`), never from the ambient environment.
+        command.env_remove(FAILPOINTS_ENV);
         if options.fsync_trace {
             command.env("LOGDEX_FSYNC_TRACE", node.data_dir.join(FSYNC_TRACE_FILE));
+        }
+        for (key, value) in &node.env {
+            command.env(key, value);
         }
         command.env("RUST_BACKTRACE", "1").stdin(Stdio::null()).stdout(stdout).stderr(log);
         let child =
@@ -718,6 +795,7 @@ fn layout(options: &ClusterOptions) -> Result<(TempDir, Vec<NodeProcess>, String
             child: std::sync::Mutex::new(None),
             paused: std::sync::atomic::AtomicBool::new(false),
             launches: 0,
+            env: Vec::new(),
         });
     }
     let peers = nodes

@@ -154,6 +154,9 @@ fn run_syncer(db: Database, dir: &Path, rx: mpsc::Receiver<SyncJob>, poisoned: A
         while let Ok(job) = rx.try_recv() {
             jobs.push(job);
         }
+        // Crash point (test builds with the `failpoints` feature; nothing otherwise): the
+        // appends are written into fjall but not yet fsynced, and nobody was acknowledged.
+        fail::fail_point!("raft_log::before_fsync");
         let started = std::time::Instant::now();
         let result = if poisoned.load(Ordering::Acquire) {
             Err("raft log is poisoned by a failed fsync".to_string())
@@ -166,7 +169,11 @@ fn run_syncer(db: Database, dir: &Path, rx: mpsc::Receiver<SyncJob>, poisoned: A
         stats.fsync_micros.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         match &result {
             // Test builds with LOGDEX_FSYNC_TRACE: record what is durable before acknowledging it.
-            Ok(()) => crate::fsync_trace::durable(&[dir]),
+            Ok(()) => {
+                crate::fsync_trace::durable(&[dir]);
+                // Crash point: durable, but no append or vote acknowledged to openraft yet.
+                fail::fail_point!("raft_log::after_fsync");
+            }
             Err(e) => {
                 tracing::error!(error = %e, "raft log fsync failed; poisoning the raft log");
                 poisoned.store(true, Ordering::Release);

@@ -330,6 +330,10 @@ impl Partition {
         }
         let updates: Vec<Update<'_>> = last.into_values().collect();
         let marker = AppliedMarker { state: state.encode(), next_offset };
+        // Crash point (test builds with the `failpoints` feature; nothing otherwise): the
+        // batches are in the segment log, but the index holds neither their keys nor the
+        // applied marker, and the high watermark does not cover them yet.
+        fail::fail_point!("partition::after_segment_append");
         // The keys and the high watermark that covers them become visible together: a reader
         // that sees the new high watermark (a `min_offset` read waits for it) finds every key
         // of these batches, and no lookup answers an offset the high watermark does not cover.
@@ -546,6 +550,10 @@ fn install_files(
     let snapshot: Checkpoint = serde_json::from_slice(&bytes)
         .map_err(|e| Error::Corrupted(format!("snapshot state in {}: {e}", snapshot_dir.display())))?;
     let log = Log::install(&dir.join("log"), &snapshot_dir.join("log"), log_config.clone())?;
+    // Crash point (test builds with the `failpoints` feature; nothing otherwise): the
+    // snapshot's segments replaced the log, the index still holds the old replica's keys and
+    // marker, no checkpoint yet; `installing.json` makes the next open finish the install.
+    fail::fail_point!("partition::install_snapshot");
     if log.next_offset() != snapshot.next_offset {
         return Err(Error::Corrupted(format!(
             "snapshot in {} ends at offset {} but its state says {}",

@@ -124,6 +124,7 @@ impl GroupStateMachine {
                     batches.push(std::mem::take(&mut p.batch));
                 }
                 EntryPayload::Membership(m) => {
+                    crash_point_apply_membership();
                     self.state.membership = StoredMembership::new(Some(entry.log_id), m.clone());
                     batch_owner.push(None);
                 }
@@ -172,6 +173,7 @@ impl GroupStateMachine {
                         pb::command_response::Kind::Controller(state.apply(cmd))
                     }
                     EntryPayload::Membership(m) => {
+                        crash_point_apply_membership();
                         state.membership = StoredMembership::new(Some(entry.log_id), m.clone());
                         pb::command_response::Kind::None(pb::Blank {})
                     }
@@ -190,6 +192,13 @@ impl GroupStateMachine {
         }
         Ok(())
     }
+}
+
+/// Crash point (test builds with the `failpoints` feature; nothing otherwise): a group's
+/// state machine is applying a membership entry, and neither it nor the entries of its chunk
+/// are recorded as applied yet (the partition's index marker, the controller's state file).
+fn crash_point_apply_membership() {
+    fail::fail_point!("state_machine::apply_membership");
 }
 
 pub fn now_ms() -> u64 {
