@@ -872,7 +872,7 @@ impl Node {
         let hosted = self.group(group).ok_or(Error::NotHosted { group })?;
         self.read_barrier(&hosted, mode).await?;
         // The lookup and the high watermark it reports are one consistent snapshot.
-        Ok(hosted.partition.read_key_at(key)?)
+        hosted.partition.read_key_at(key)
     }
 
     /// This node's view of its groups, for routing and describe.
