@@ -44,6 +44,9 @@ use crate::wire;
 
 /// Default deadline for node-to-node calls that openraft does not time itself.
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest a replication stream may stay silent while it owes answers (the unary
+/// append's deadline is at most five RPC timeouts too).
+pub const STREAM_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Deadline of a whole snapshot transfer.
 pub const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(600);
@@ -262,9 +265,39 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
         let client = self.client();
         Box::pin(async move {
             let mut client = client?;
-            let requests = input.map(move |rpc| append_request_to_pb(header, &rpc));
+            // Requests sent and not yet answered: a stream that owes answers and stays silent
+            // for STREAM_ANSWER_TIMEOUT fails, so openraft replicates again on a new stream
+            // instead of waiting forever on one whose bytes were lost.
+            let owed = Arc::new(std::sync::atomic::AtomicI64::new(0));
+            let sent = owed.clone();
+            let requests = input.map(move |rpc| {
+                sent.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                append_request_to_pb(header, &rpc)
+            });
             let responses = client.stream_append(requests).await.map_err(unreachable)?.into_inner();
-            let results = responses.map(|item| stream_append_result(item.map_err(unreachable)?));
+            let results = futures::stream::unfold(Some(responses), move |responses| {
+                let owed = owed.clone();
+                async move {
+                    let mut responses = responses?;
+                    loop {
+                        match tokio::time::timeout(STREAM_ANSWER_TIMEOUT, responses.next()).await {
+                            Ok(None) => return None,
+                            Ok(Some(item)) => {
+                                owed.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                                let result = item.map_err(unreachable).and_then(stream_append_result);
+                                return Some((result, Some(responses)));
+                            }
+                            Err(_) if owed.load(std::sync::atomic::Ordering::Acquire) <= 0 => continue,
+                            Err(_) => {
+                                let e = unreachable(format!(
+                                    "no append answer within {STREAM_ANSWER_TIMEOUT:?} on the replication stream"
+                                ));
+                                return Some((Err(e), None));
+                            }
+                        }
+                    }
+                }
+            });
             Ok(Box::pin(results) as BoxStream<'s, _>)
         })
     }
