@@ -262,6 +262,13 @@ impl Partition {
     /// install before anything is replaced.
     pub fn install_snapshot(&self, snapshot_dir: &Path) -> Result<AppliedState> {
         self.verify_snapshot(snapshot_dir)?;
+        self.install_verified_snapshot(snapshot_dir)
+    }
+
+    /// [`Partition::install_snapshot`] of a snapshot the caller already verified (the state
+    /// machine checks it before adopting it, and its files do not change after that), so
+    /// its files are not read a second time.
+    pub fn install_verified_snapshot(&self, snapshot_dir: &Path) -> Result<AppliedState> {
         write_file_durably(&self.dir, INSTALL_FILE, &serde_json::to_vec(snapshot_dir).unwrap_or_default())?;
         let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
         let _visible = self.visibility.write().map_err(|_| Error::Corrupted("visibility lock poisoned".into()))?;

@@ -260,7 +260,8 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
         let adopted = self.snapshots.adopt(&snapshot, meta).map_err(to_io)?;
         match &self.data {
             GroupData::Partition(p) => {
-                let state = p.install_snapshot(&adopted.dir).map_err(to_io)?;
+                // Verified above, before it was adopted.
+                let state = p.install_verified_snapshot(&adopted.dir).map_err(to_io)?;
                 self.state = state;
             }
             GroupData::Controller(c) => {
