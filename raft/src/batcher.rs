@@ -187,6 +187,11 @@ impl Forwarders {
     pub fn forget(&self, node: NodeId, group: GroupId) {
         self.batchers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&(node, group));
     }
+
+    /// Drops the batchers of groups for which `exists` is false (their topic was deleted).
+    pub fn retain_groups(&self, exists: impl Fn(GroupId) -> bool) {
+        self.batchers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|(_, group), _| exists(*group));
+    }
 }
 
 #[cfg(test)]
@@ -295,6 +300,17 @@ mod tests {
             let result = t.await.expect("task");
             assert!(matches!(result, Err(Error::NotLeader { group: 1, leader_node: Some(3) })), "{result:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn forwarders_of_deleted_groups_are_dropped() {
+        let forwarders = Forwarders::default();
+        for (node, group) in [(1, 10), (2, 10), (1, 11)] {
+            forwarders.get(node, group, || bounded_log(10, std::time::Duration::ZERO).0);
+        }
+        forwarders.retain_groups(|g| g == 11);
+        let left: Vec<(NodeId, GroupId)> = forwarders.batchers.lock().expect("lock").keys().copied().collect();
+        assert_eq!(left, vec![(1, 11)]);
     }
 
     #[tokio::test]

@@ -429,6 +429,9 @@ impl Node {
                 }
             }
         }
+        let groups: std::collections::HashSet<GroupId> =
+            state.topics.values().flat_map(|t| t.partitions.iter().map(|p| p.group_id)).collect();
+        self.inner.forwarders.retain_groups(|g| groups.contains(&g));
         let hosted: Vec<(GroupId, ReplicaId)> =
             self.groups_read().values().map(|g| (g.group_id, g.replica_id)).collect();
         for (group, replica) in hosted {
