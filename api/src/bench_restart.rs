@@ -134,7 +134,7 @@ async fn measure(args: &BenchArgs, setup: &Setup, keys: u64) -> Result<(), Strin
                 let _ = node.child.kill();
                 let _ = node.child.wait();
             }
-            _ => stop_cleanly(&mut node)?,
+            _ => stop_cleanly(&mut node).await?,
         }
         if *kind == "index-deleted" {
             let index = setup.data_dir.join("index");
@@ -157,7 +157,7 @@ async fn measure(args: &BenchArgs, setup: &Setup, keys: u64) -> Result<(), Strin
         };
         print_restart(&report, args.json)?;
     }
-    stop_cleanly(&mut node)
+    stop_cleanly(&mut node).await
 }
 
 fn print_restart(r: &RestartReport, json: bool) -> Result<(), String> {
@@ -199,7 +199,7 @@ fn start(setup: &Setup) -> Result<NodeProcess, String> {
 }
 
 /// SIGTERM, then waits (bounded) for the process to exit.
-fn stop_cleanly(node: &mut NodeProcess) -> Result<(), String> {
+async fn stop_cleanly(node: &mut NodeProcess) -> Result<(), String> {
     let status = Command::new("kill")
         .args(["-TERM", &node.child.id().to_string()])
         .status()
@@ -211,7 +211,7 @@ fn stop_cleanly(node: &mut NodeProcess) -> Result<(), String> {
     loop {
         match node.child.try_wait() {
             Ok(Some(_)) => return Ok(()),
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            Ok(None) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(5)).await,
             Ok(None) => return Err("the node did not stop within 300 s of SIGTERM".into()),
             Err(e) => return Err(format!("waiting for the node: {e}")),
         }
