@@ -3,6 +3,11 @@
 
 use clap::Parser;
 
+/// mimalloc instead of glibc malloc: tasks allocate on one worker thread and free on another,
+/// which sends glibc into its slow paths (see ARCHITECTURE.md, "Allocator").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     let args = match logdex_api::cli::with_config_file(std::env::args_os().collect()) {
         Ok(a) => a,
