@@ -186,14 +186,16 @@ pub fn with_config_file(args: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::O
 }
 
 pub fn run(cli: Cli) -> Result<(), String> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the runtime: {e}"))?;
     let command = match cli.command {
         Some(c) => c,
         None => Cli::parse_from(["logdex", "serve"]).command.ok_or("no command")?,
     };
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Command::Serve(args) = &command {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        builder.worker_threads(crate::serve::worker_threads(args.worker_threads, cores));
+    }
+    let runtime = builder.enable_all().build().map_err(|e| format!("cannot start the runtime: {e}"))?;
     runtime.block_on(async move {
         match command {
             Command::Serve(args) => crate::serve::serve(args).await,

@@ -78,9 +78,19 @@ pub struct ServeArgs {
     /// Snapshot a group after this many applied entries; its Raft log is purged behind the snapshot.
     #[arg(long, env = "LOGDEX_SNAPSHOT_EVERY", default_value_t = logdex_raft::node::SNAPSHOT_EVERY_ENTRIES)]
     pub snapshot_every: u64,
+    /// Threads running the node's request handling, Raft and apply work. 0: one less than
+    /// the machine's cores, at least 1 (the fsync thread and the storage engine's flush and
+    /// compaction threads run beside them).
+    #[arg(long, env = "LOGDEX_WORKER_THREADS", default_value_t = 0)]
+    pub worker_threads: usize,
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `logdex_raft=debug`.
     #[arg(long, env = "LOGDEX_LOG", default_value = "info,openraft=error")]
     pub log: String,
+}
+
+/// The runtime's worker threads for `--worker-threads requested` on a machine of `cores`.
+pub fn worker_threads(requested: usize, cores: usize) -> usize {
+    if requested > 0 { requested } else { cores.saturating_sub(1).max(1) }
 }
 
 fn parse_peers(spec: &str) -> Result<Vec<(u64, String)>, String> {
@@ -228,7 +238,8 @@ pub async fn start(args: ServeArgs) -> Result<RunningNode, String> {
             })
             .await
     });
-    tracing::info!(node_id = args.node_id, http = %http_addr, rpc = %rpc_addr, "logdex node serving");
+    let workers = tokio::runtime::Handle::current().metrics().num_workers();
+    tracing::info!(node_id = args.node_id, http = %http_addr, rpc = %rpc_addr, workers, "logdex node serving");
     Ok(RunningNode { node, http_addr, rpc_addr, stop, http_task, rpc_task })
 }
 
@@ -292,5 +303,13 @@ mod tests {
         assert!(parse_peers("x@127.0.0.1:9091").is_err());
         assert!(parse_peers("1@localhost").is_err());
         Ok(())
+    }
+
+    #[test]
+    fn worker_threads_default_leaves_a_core_for_fsync_and_storage_threads() {
+        assert_eq!(worker_threads(0, 1), 1);
+        assert_eq!(worker_threads(0, 2), 1);
+        assert_eq!(worker_threads(0, 16), 15);
+        assert_eq!(worker_threads(3, 2), 3, "an explicit count is taken as given");
     }
 }

@@ -1,9 +1,11 @@
 //! Coalesces concurrent read-index requests of one group into one RPC.
 //!
 //! To ensure correctness (linearizable reads): a caller is answered only by a
-//! fetch that *started after it arrived*. Callers queue; a background round
-//! takes everyone queued so far, performs one fetch, and answers them all;
-//! callers arriving meanwhile wait for the next round.
+//! fetch that *started after it arrived*. A caller that finds no round running
+//! runs one itself, inline (no task hand-off on the single-client path).
+//! Callers arriving meanwhile queue; when that round ends, a background task
+//! takes everyone queued so far, performs one fetch, answers them all, and
+//! repeats until nobody waits.
 
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -34,18 +36,46 @@ impl Coalescer {
     /// A read index obtained by a fetch that started after this call.
     pub async fn get(&self, fetch: Fetch) -> Result<u64> {
         let (tx, rx) = oneshot::channel();
-        let start = {
+        let lead = {
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            st.waiting.push(tx);
-            !std::mem::replace(&mut st.running, true)
+            if st.running {
+                st.waiting.push(tx);
+                false
+            } else {
+                st.running = true;
+                true
+            }
         };
-        if start {
-            tokio::spawn(run_rounds(self.state.clone(), fetch));
+        if lead {
+            // The round is this caller's own: its fetch starts now. The guard hands the
+            // callers that queued meanwhile to a background round, also if this future is
+            // dropped mid-fetch.
+            let _handover = Handover { state: self.state.clone(), fetch: fetch.clone() };
+            return fetch().await;
         }
         match rx.await {
             Ok(Ok(index)) => Ok(index),
             Ok(Err(message)) => Err(Error::Unavailable(message)),
             Err(_) => Err(Error::unavailable("read index round ended without an answer")),
+        }
+    }
+}
+
+/// Ends an inline round: starts background rounds for the callers that queued
+/// during it, or marks the coalescer idle.
+struct Handover {
+    state: Arc<Mutex<State>>,
+    fetch: Fetch,
+}
+
+impl Drop for Handover {
+    fn drop(&mut self) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.waiting.is_empty() {
+            st.running = false;
+        } else {
+            drop(st);
+            tokio::spawn(run_rounds(self.state.clone(), self.fetch.clone()));
         }
     }
 }
@@ -107,6 +137,36 @@ mod tests {
         }
         let n = fetches.load(Ordering::SeqCst);
         assert!(n < 64, "64 callers needed {n} fetches");
+        Ok(())
+    }
+
+    /// A caller running a round inline that is dropped mid-fetch (its client went away)
+    /// leaves neither the callers queued behind it nor later callers without an answer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dropped_round_leader_hands_queued_callers_to_a_new_round() -> Result<()> {
+        let fetches = Arc::new(AtomicU64::new(0));
+        let counter = fetches.clone();
+        let fetch: Fetch = Arc::new(move || {
+            let counter = counter.clone();
+            Box::pin(async move {
+                let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+                tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+                Ok(n)
+            })
+        });
+        let coalescer = Arc::new(Coalescer::default());
+        let (c, f) = (coalescer.clone(), fetch.clone());
+        let leader = tokio::spawn(async move { c.get(f).await });
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let (c, f) = (coalescer.clone(), fetch.clone());
+        let queued = tokio::spawn(async move { c.get(f).await });
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        leader.abort();
+        let bound = std::time::Duration::from_secs(10);
+        let got = tokio::time::timeout(bound, queued).await.map_err(Error::unavailable)?.map_err(Error::unavailable)??;
+        assert_eq!(got, 2, "the queued caller is answered by a fetch that started after the dropped one");
+        let again = tokio::time::timeout(bound, coalescer.get(fetch)).await.map_err(Error::unavailable)??;
+        assert_eq!(again, 3, "a later caller runs its own round");
         Ok(())
     }
 }
