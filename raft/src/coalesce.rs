@@ -163,7 +163,8 @@ mod tests {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         leader.abort();
         let bound = std::time::Duration::from_secs(10);
-        let got = tokio::time::timeout(bound, queued).await.map_err(Error::unavailable)?.map_err(Error::unavailable)??;
+        let got =
+            tokio::time::timeout(bound, queued).await.map_err(Error::unavailable)?.map_err(Error::unavailable)??;
         assert_eq!(got, 2, "the queued caller is answered by a fetch that started after the dropped one");
         let again = tokio::time::timeout(bound, coalescer.get(fetch)).await.map_err(Error::unavailable)??;
         assert_eq!(again, 3, "a later caller runs its own round");
