@@ -85,6 +85,12 @@ impl SeekTable {
         index.checked_sub(1).map(|i| self.entries[i])
     }
 
+    /// The first entry whose relative offset is above `relative_offset`.
+    pub(crate) fn after(&self, relative_offset: u32) -> Option<SeekEntry> {
+        let index = self.entries.partition_point(|e| e.relative_offset <= relative_offset);
+        self.entries.get(index).copied()
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
@@ -187,6 +193,8 @@ mod tests {
         assert_eq!(decoded_table.entries, table.entries);
         assert_eq!(decoded_table.floor(9).map(|e| e.position), Some(0));
         assert_eq!(decoded_table.floor(10).map(|e| e.position), Some(4200));
+        assert_eq!(decoded_table.after(9).map(|e| e.position), Some(4200), "the entry after a floor");
+        assert_eq!(decoded_table.after(10), None, "nothing after the last entry");
         for i in 0..bytes.len() {
             let mut bad = bytes.clone();
             bad[i] ^= 1;

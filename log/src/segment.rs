@@ -185,7 +185,16 @@ impl Segment {
         let mut position = entry.map_or(0, |e| u64::from(e.position));
         let mut exact = entry.map(|e| self.base_offset + u64::from(e.relative_offset));
         let mut next_min = self.base_offset;
-        let window_bytes = (u64::from(interval) + 2 * BATCH_HEADER_BYTES as u64).max(WINDOW_BYTES_MIN);
+        // The batch holding `offset` ends by the next seek entry's batch: read up to that
+        // batch's header (for the overlap check), or to the end; never more than the old bound.
+        let region_end = self
+            .seek
+            .after(relative)
+            .map_or(self.size_bytes, |e| (u64::from(e.position) + BATCH_HEADER_BYTES as u64).min(self.size_bytes));
+        let window_bytes = region_end.saturating_sub(position).clamp(
+            BATCH_HEADER_BYTES as u64,
+            (u64::from(interval) + 2 * BATCH_HEADER_BYTES as u64).max(WINDOW_BYTES_MIN),
+        );
         let mut window = Window::default();
         while position < self.size_bytes {
             let header = self.header_at(position, &mut window, window_bytes)?;
