@@ -4,7 +4,8 @@
 #   1. builds the release binaries (logdex, and bench-peer/ for NATS);
 #   2. raw fjall get floor: the index crate's benchmark (100,000 keys);
 #   3. a 3-node logdex cluster: noop (the floor: GET /bench/noop, no work),
-#      load, get1 (linearizable, strict, follower), getc (linearizable, follower),
+#      load (and load into a one-partition topic, reported below the table),
+#      get1 (linearizable, strict, follower), getc (linearizable, follower),
 #      get1 and getc again over the gRPC client API; then recovery and rebuild
 #      (a single node of their own with 1,000,000 keys);
 #   4. a 3-node NATS JetStream cluster, KV bucket with 3 replicas: load, get1
@@ -143,6 +144,8 @@ run_logdex() {
 run_logdex noop --concurrency 1 --requests "$GET1_REQUESTS"
 run_logdex noop --concurrency "$CONCURRENCY" --duration-secs "$DURATION_SECS"
 run_logdex load --concurrency "$CONCURRENCY"
+# The same load into a topic of one partition: one Raft group, as NATS's KV bucket is one stream.
+run_logdex load --concurrency "$CONCURRENCY" --topic bench-one-partition --partitions 1 --label logdex-one-partition
 run_logdex get1 --read linearizable,strict,follower --requests "$GET1_REQUESTS"
 run_logdex getc --read linearizable,follower --concurrency "$CONCURRENCY" --duration-secs "$DURATION_SECS"
 # The same lookups over the gRPC client API (served on the RPC ports).

@@ -93,7 +93,8 @@ pub struct BenchArgs {
     /// Print one JSON object per run on stdout instead of a text line.
     #[arg(long)]
     pub json: bool,
-    /// Name of the measured system in the output [default: logdex, or floor for noop].
+    /// Name of the measured system in the output [default: logdex, or floor for noop]. `report`
+    /// lists runs labelled `logdex-...` or `floor-...` below its table; any other name is the peer.
     #[arg(long)]
     pub label: Option<String>,
     /// report: JSON-lines files written with --json (logdex, floor and peer lines); repeatable.
@@ -511,7 +512,7 @@ fn render_report(inputs: &[PathBuf]) -> Result<String, String> {
     let find = |pred: &dyn Fn(&RunReport) -> bool| runs.iter().rev().find(|r| pred(r)).cloned();
     let floor1 = find(&|r| r.system == "floor" && r.concurrency == 1);
     let floorc = find(&|r| r.system == "floor" && r.concurrency > 1);
-    let is_peer = |system: &str| system != "logdex" && !system.starts_with("floor");
+    let is_peer = |system: &str| !system.starts_with("logdex") && !system.starts_with("floor");
     let peer_of = |w: &str| find(&|r| is_peer(&r.system) && r.workload == w);
     let peer_name = runs.iter().map(|r| r.system.clone()).find(|s| is_peer(s));
     let peer_name = peer_name.unwrap_or_else(|| "peer".into());
@@ -623,6 +624,17 @@ fn render_report(inputs: &[PathBuf]) -> Result<String, String> {
             fmt_num(r.rate_per_s)
         ));
     }
+    for r in runs.iter().filter(|r| r.system.starts_with("logdex-")) {
+        let what = r.read.as_ref().map_or_else(|| r.workload.clone(), |m| format!("{} {m}", r.workload));
+        out.push_str(&format!(
+            "\n{} ({what}, {} in flight): {}/s, p50 {} us, p99 {} us",
+            r.system,
+            r.concurrency,
+            fmt_num(r.rate_per_s),
+            fmt_num(r.p50_us),
+            fmt_num(r.p99_us)
+        ));
+    }
     let errors: u64 = runs.iter().map(|r| r.errors).sum();
     let not_found: u64 = runs.iter().map(|r| r.not_found).sum();
     out.push_str(&format!("\nerrors in all runs: {errors}; not found: {not_found}\n"));
@@ -663,6 +675,7 @@ mod tests {
             run("nats", "getc", None, None, 30_000.0)?,
             run("logdex", "getc", Some("follower"), None, 40_000.0)?,
             run("logdex", "getc", Some("follower"), Some("grpc"), 20_000.0)?,
+            run("logdex-one-partition", "load", None, None, 9_000.0)?,
             restart("recovery", "kill9", 1500.0)?,
             restart("rebuild", "index-deleted", 2500.0)?,
         ];
@@ -674,6 +687,9 @@ mod tests {
         assert!(table.contains("< 2000 ms | yes |"), "{table}");
         assert!(table.contains("| rebuild index-deleted: keys/s | 400000 |"), "{table}");
         assert!(table.contains(">= 1,000,000 keys/s | no |"), "{table}");
+        assert!(table.contains("\nlogdex-one-partition (load, 32 in flight): 9000/s"), "labelled runs below: {table}");
+        assert!(!table.contains("| load"), "a labelled run is not a row of the table: {table}");
+        assert!(table.contains("| nats | logdex/floor | logdex/nats |"), "a labelled run is not the peer: {table}");
         Ok(())
     }
 }
