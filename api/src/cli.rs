@@ -190,11 +190,15 @@ pub fn run(cli: Cli) -> Result<(), String> {
         Some(c) => c,
         None => Cli::parse_from(["logdex", "serve"]).command.ok_or("no command")?,
     };
+    // Set explicitly for every command: tokio would otherwise read TOKIO_WORKER_THREADS and
+    // panic on a value that is not a number.
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let workers = match &command {
+        Command::Serve(args) => crate::serve::worker_threads(args.worker_threads, cores),
+        _ => cores,
+    };
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Command::Serve(args) = &command {
-        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-        builder.worker_threads(crate::serve::worker_threads(args.worker_threads, cores));
-    }
+    builder.worker_threads(workers);
     let runtime = builder.enable_all().build().map_err(|e| format!("cannot start the runtime: {e}"))?;
     runtime.block_on(async move {
         match command {

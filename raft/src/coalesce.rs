@@ -104,20 +104,26 @@ mod tests {
 
     use super::*;
 
-    /// Many concurrent callers share few fetches, and every answer comes from
-    /// a fetch that started after the caller arrived (fetch n answers n).
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn concurrent_callers_share_fetches_that_started_after_them() -> Result<()> {
+    /// A fetch that answers how many fetches have started, after `delay_ms`; and that count.
+    fn counting_fetch(delay_ms: u64) -> (Arc<AtomicU64>, Fetch) {
         let fetches = Arc::new(AtomicU64::new(0));
         let counter = fetches.clone();
         let fetch: Fetch = Arc::new(move || {
             let counter = counter.clone();
             Box::pin(async move {
                 let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
                 Ok(n)
             })
         });
+        (fetches, fetch)
+    }
+
+    /// Many concurrent callers share few fetches, and every answer comes from
+    /// a fetch that started after the caller arrived (fetch n answers n).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_callers_share_fetches_that_started_after_them() -> Result<()> {
+        let (fetches, fetch) = counting_fetch(5);
         let coalescer = Arc::new(Coalescer::default());
         let mut tasks = Vec::new();
         for _ in 0..64 {
@@ -144,16 +150,7 @@ mod tests {
     /// leaves neither the callers queued behind it nor later callers without an answer.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn dropped_round_leader_hands_queued_callers_to_a_new_round() -> Result<()> {
-        let fetches = Arc::new(AtomicU64::new(0));
-        let counter = fetches.clone();
-        let fetch: Fetch = Arc::new(move || {
-            let counter = counter.clone();
-            Box::pin(async move {
-                let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
-                tokio::time::sleep(std::time::Duration::from_millis(30)).await;
-                Ok(n)
-            })
-        });
+        let (_, fetch) = counting_fetch(30);
         let coalescer = Arc::new(Coalescer::default());
         let (c, f) = (coalescer.clone(), fetch.clone());
         let leader = tokio::spawn(async move { c.get(f).await });
