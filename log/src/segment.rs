@@ -186,7 +186,8 @@ impl Segment {
         let mut exact = entry.map(|e| self.base_offset + u64::from(e.relative_offset));
         let mut next_min = self.base_offset;
         // The batch holding `offset` ends by the next seek entry's batch: read up to that
-        // batch's header (for the overlap check), or to the end; never more than the old bound.
+        // batch's header (for the overlap check), or to the end, and at most one seek interval
+        // and two headers (or 8 KiB).
         let region_end = self
             .seek
             .after(relative)
