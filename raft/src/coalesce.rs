@@ -73,10 +73,17 @@ impl Drop for Handover {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if st.waiting.is_empty() {
             st.running = false;
-        } else {
-            drop(st);
-            tokio::spawn(run_rounds(self.state.clone(), self.fetch.clone()));
+            return;
         }
+        // Dropped outside a runtime (its shutdown): no round can run; the queued callers'
+        // answers are dropped, which they see as an error, never as a read index.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            st.running = false;
+            st.waiting.clear();
+            return;
+        };
+        drop(st);
+        runtime.spawn(run_rounds(self.state.clone(), self.fetch.clone()));
     }
 }
 
