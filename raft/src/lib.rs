@@ -12,6 +12,7 @@
 //! - [`node`]: the multi-raft registry, reconciler and the operations the API calls.
 
 pub mod batcher;
+pub mod calls;
 pub mod coalesce;
 pub mod controller;
 pub mod error;

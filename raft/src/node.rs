@@ -139,6 +139,8 @@ struct NodeInner {
     config: NodeConfig,
     raft_config: Arc<openraft::Config>,
     pool: Arc<ChannelPool>,
+    /// Read-index and produce calls to peers, multiplexed on one stream per peer.
+    calls: crate::calls::Calls,
     raft_log: Arc<RaftLogDb>,
     index: Index,
     controller: Arc<Controller>,
@@ -197,6 +199,7 @@ impl Node {
             inner: Arc::new(NodeInner {
                 config,
                 raft_config,
+                calls: crate::calls::Calls::new(pool.clone()),
                 pool,
                 raft_log,
                 index,
@@ -773,13 +776,11 @@ impl Node {
             .get(&node)
             .map(|n| n.rpc_addr.clone())
             .ok_or_else(|| Error::unavailable(format!("node {node} has no known address")))?;
-        let mut client = self.inner.pool.client(&addr).map_err(Error::unavailable)?;
-        let mut request = tonic::Request::new(pb::ProduceRequest {
+        let request = || pb::ProduceRequest {
             header: Some(pb::GroupHeader { group_id: group, target_replica: 0 }),
             records: records.iter().map(wire::record_to_pb).collect(),
-        });
-        request.set_timeout(OPERATION_TIMEOUT);
-        let resp = client.produce(request).await.map_err(|s| match s.code() {
+        };
+        let map_status = |s: tonic::Status| match s.code() {
             tonic::Code::Unavailable if s.message().contains("connect") => {
                 Error::NodeUnreachable(s.message().to_string())
             }
@@ -787,8 +788,24 @@ impl Node {
             tonic::Code::NotFound => Error::NotLeader { group, leader_node: None },
             tonic::Code::DeadlineExceeded => Error::Timeout(s.message().to_string()),
             _ => Error::unavailable(s.message()),
-        })?;
-        match resp.into_inner().result {
+        };
+        use crate::calls::CallError;
+        use pb::call_response::Result as Answer;
+        let answer =
+            match self.inner.calls.call(&addr, pb::call_request::Call::Produce(request()), OPERATION_TIMEOUT).await {
+                Ok(Answer::Produce(answer)) => answer,
+                Ok(_) => return Err(Error::unavailable("produce call answered with another call's result")),
+                Err(e) if e.unsupported() => {
+                    let mut client = self.inner.pool.client(&addr).map_err(Error::unavailable)?;
+                    let mut request = tonic::Request::new(request());
+                    request.set_timeout(OPERATION_TIMEOUT);
+                    client.produce(request).await.map_err(map_status)?.into_inner()
+                }
+                // Nothing left this node: definitely not written.
+                Err(CallError::NotSent(s)) => return Err(Error::NodeUnreachable(s.message().to_string())),
+                Err(CallError::Failed(s)) => return Err(map_status(s)),
+            };
+        match answer.result {
             Some(pb::produce_response::Result::BaseOffset(o)) => Ok(o),
             Some(pb::produce_response::Result::NotLeader(n)) => {
                 Err(Error::NotLeader { group, leader_node: (n != 0).then_some(n) })
@@ -836,14 +853,23 @@ impl Node {
             use crate::types::WatchReceiver;
             hosted.raft.metrics().borrow_watched().current_leader.unwrap_or(0)
         };
-        let mut client = self.inner.pool.client(&addr).map_err(Error::unavailable)?;
-        let mut request = tonic::Request::new(pb::ReadIndexRequest {
+        let request = pb::ReadIndexRequest {
             header: Some(pb::GroupHeader { group_id: hosted.group_id, target_replica: leader_replica }),
             strict,
-        });
-        request.set_timeout(RPC_TIMEOUT);
-        let resp = client.read_index(request).await.map_err(Error::unavailable)?.into_inner();
-        Ok(resp.read_log_id.map_or(0, |l| l.index))
+        };
+        use pb::call_response::Result as Answer;
+        let answer = match self.inner.calls.call(&addr, pb::call_request::Call::ReadIndex(request), RPC_TIMEOUT).await {
+            Ok(Answer::ReadIndex(answer)) => answer,
+            Ok(_) => return Err(Error::unavailable("read-index call answered with another call's result")),
+            Err(e) if e.unsupported() => {
+                let mut client = self.inner.pool.client(&addr).map_err(Error::unavailable)?;
+                let mut request = tonic::Request::new(request);
+                request.set_timeout(RPC_TIMEOUT);
+                client.read_index(request).await.map_err(Error::unavailable)?.into_inner()
+            }
+            Err(e) => return Err(Error::unavailable(e.status().message())),
+        };
+        Ok(answer.read_log_id.map_or(0, |l| l.index))
     }
 
     /// Waits until the replica applied the Raft log through `index`.

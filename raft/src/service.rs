@@ -29,9 +29,14 @@ use crate::wire;
 /// Largest node-to-node message accepted (an append of many batches).
 pub const MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
 
+#[derive(Clone)]
 pub struct Service {
     node: Node,
 }
+
+/// Calls answered concurrently on one `Calls` stream; the stream is not read further
+/// until one ends.
+const CALLS_IN_FLIGHT: usize = 1024;
 
 /// Checks the node-to-node bearer token, when one is configured.
 #[derive(Clone)]
@@ -87,6 +92,45 @@ impl Service {
             )));
         }
         Ok(hosted.raft.clone())
+    }
+
+    async fn read_index_call(&self, req: pb::ReadIndexRequest) -> Result<pb::ReadIndexResponse, Status> {
+        let raft = self.raft_for(req.header)?;
+        let index = leader_read_index(&raft, req.strict).await.map_err(fatal)?;
+        let term = crate::types::metrics_of(&raft).current_term;
+        Ok(pb::ReadIndexResponse { read_log_id: Some(pb::LogId { term, index }) })
+    }
+
+    async fn produce_call(&self, req: pb::ProduceRequest) -> Result<pb::ProduceResponse, Status> {
+        let header = req.header.ok_or_else(|| Status::invalid_argument("missing group header"))?;
+        let records: Vec<logdex_log::Record> = req.records.into_iter().map(wire::record_from_pb).collect();
+        use pb::produce_response::Result as R;
+        let result = match self.node.produce_records(header.group_id, records).await {
+            Ok(base) => R::BaseOffset(base),
+            Err(crate::Error::NotLeader { leader_node, .. }) => R::NotLeader(leader_node.unwrap_or(0)),
+            Err(crate::Error::NotHosted { group }) => {
+                return Err(Status::not_found(format!("group {group} is not hosted here")));
+            }
+            Err(crate::Error::Invalid(m)) => return Err(Status::invalid_argument(m)),
+            Err(crate::Error::Timeout(m)) => return Err(Status::deadline_exceeded(m)),
+            Err(e) => return Err(Status::internal(e.to_string())),
+        };
+        Ok(pb::ProduceResponse { result: Some(result) })
+    }
+
+    /// Answers one call of a `Calls` stream; a failure carries the status the unary RPC
+    /// of the same call would have returned.
+    async fn answer_call(&self, request: pb::CallRequest) -> pb::CallResponse {
+        use pb::call_request::Call;
+        use pb::call_response::Result as A;
+        let result = match request.call {
+            Some(Call::ReadIndex(r)) => self.read_index_call(r).await.map(A::ReadIndex),
+            Some(Call::Produce(r)) => self.produce_call(r).await.map(A::Produce),
+            None => Err(Status::unimplemented("unknown or empty call")),
+        };
+        let result = result
+            .unwrap_or_else(|s| A::Error(pb::CallError { code: s.code() as i32, message: s.message().to_string() }));
+        pb::CallResponse { id: request.id, result: Some(result) }
     }
 }
 
@@ -263,14 +307,16 @@ fn append_request_from_pb(
 pub type StreamAppendAnswers =
     std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::StreamAppendResponse, Status>> + Send + 'static>>;
 
+/// Answers of a `Calls` stream.
+pub type CallAnswers =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::CallResponse, Status>> + Send + 'static>>;
+
 #[tonic::async_trait]
 impl RaftService for Service {
-    type StreamAppendStream = StreamAppendAnswers;
-
     async fn stream_append(
         &self,
         request: Request<Streaming<pb::AppendEntriesRequest>>,
-    ) -> Result<Response<Self::StreamAppendStream>, Status> {
+    ) -> Result<Response<StreamAppendAnswers>, Status> {
         use futures::StreamExt;
         use openraft::raft::StreamAppendError;
         use pb::stream_append_response::Result as R;
@@ -300,6 +346,39 @@ impl RaftService for Service {
             Ok(pb::StreamAppendResponse { result: Some(result) })
         });
         Ok(Response::new(Box::pin(answers)))
+    }
+
+    async fn calls(&self, request: Request<Streaming<pb::CallRequest>>) -> Result<Response<CallAnswers>, Status> {
+        let mut input = request.into_inner();
+        let (answers, outgoing) = tokio::sync::mpsc::channel::<pb::CallResponse>(CALLS_IN_FLIGHT);
+        let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(CALLS_IN_FLIGHT));
+        let service = self.clone();
+        // Reads calls until the caller closes the stream (or it breaks), answering each in
+        // its own task; answers leave in the order they are ready.
+        tokio::spawn(async move {
+            loop {
+                let Ok(permit) = permits.clone().acquire_owned().await else { break };
+                let request = match input.message().await {
+                    Ok(Some(request)) => request,
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "call stream from a peer broke");
+                        break;
+                    }
+                };
+                let service = service.clone();
+                let answers = answers.clone();
+                tokio::spawn(async move {
+                    let answer = service.answer_call(request).await;
+                    let _ = answers.send(answer).await;
+                    drop(permit);
+                });
+            }
+        });
+        let stream = futures::stream::unfold(outgoing, |mut outgoing| async move {
+            outgoing.recv().await.map(|answer| (Ok(answer), outgoing))
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn install_snapshot(
@@ -377,11 +456,7 @@ impl RaftService for Service {
         &self,
         request: Request<pb::ReadIndexRequest>,
     ) -> Result<Response<pb::ReadIndexResponse>, Status> {
-        let req = request.into_inner();
-        let raft = self.raft_for(req.header)?;
-        let index = leader_read_index(&raft, req.strict).await.map_err(fatal)?;
-        let term = crate::types::metrics_of(&raft).current_term;
-        Ok(Response::new(pb::ReadIndexResponse { read_log_id: Some(pb::LogId { term, index }) }))
+        self.read_index_call(request.into_inner()).await.map(Response::new)
     }
 
     async fn transfer_leader(
@@ -416,21 +491,7 @@ impl RaftService for Service {
     }
 
     async fn produce(&self, request: Request<pb::ProduceRequest>) -> Result<Response<pb::ProduceResponse>, Status> {
-        let req = request.into_inner();
-        let header = req.header.ok_or_else(|| Status::invalid_argument("missing group header"))?;
-        let records: Vec<logdex_log::Record> = req.records.into_iter().map(wire::record_from_pb).collect();
-        use pb::produce_response::Result as R;
-        let result = match self.node.produce_records(header.group_id, records).await {
-            Ok(base) => R::BaseOffset(base),
-            Err(crate::Error::NotLeader { leader_node, .. }) => R::NotLeader(leader_node.unwrap_or(0)),
-            Err(crate::Error::NotHosted { group }) => {
-                return Err(Status::not_found(format!("group {group} is not hosted here")));
-            }
-            Err(crate::Error::Invalid(m)) => return Err(Status::invalid_argument(m)),
-            Err(crate::Error::Timeout(m)) => return Err(Status::deadline_exceeded(m)),
-            Err(e) => return Err(Status::internal(e.to_string())),
-        };
-        Ok(Response::new(pb::ProduceResponse { result: Some(result) }))
+        self.produce_call(request.into_inner()).await.map(Response::new)
     }
 
     async fn status(&self, _request: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
