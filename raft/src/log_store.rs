@@ -6,7 +6,8 @@
 //! protobuf `Vote`/`LogId`).
 //!
 //! To ensure correctness:
-//! - `append` writes the entries into fjall (readable immediately) and hands the
+//! - `append` writes the entries into fjall (readable immediately; kept in the
+//!   journal's buffer rather than written to the OS per append) and hands the
 //!   `IOFlushed` callback to the node's syncer thread, which completes it only
 //!   after `persist(SyncData)` returned: one fsync serves every group that
 //!   appended meanwhile (group commit). While the last fsync served several
@@ -327,7 +328,10 @@ impl RaftLogStorage<TypeConfig> for GroupLogStore {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
-        let mut batch = self.db.db.batch();
+        // Kept in the journal's buffer, not written to the OS per append: the syncer's
+        // `persist(SyncData)` writes and fsyncs everything appended before it, and nothing
+        // is acknowledged before that.
+        let mut batch = self.db.db.batch().durability(None);
         for entry in entries {
             let key = self.key(TAG_ENTRY, entry.log_id.index);
             batch.insert(&self.db.ks, key, encode_value(&wire::entry_to_pb(&entry)));

@@ -946,6 +946,11 @@ impl Node {
 
 /// Read index on the leader: a lease read unless `strict`.
 pub async fn leader_read_index(raft: &Raft, strict: bool) -> Result<u64> {
+    Ok(leader_read_log_id(raft, strict).await?.index)
+}
+
+/// The log id a read on the leader must wait for: a lease read unless `strict`.
+pub async fn leader_read_log_id(raft: &Raft, strict: bool) -> Result<crate::types::LogId> {
     let policy = if strict { ReadPolicy::ReadIndex } else { ReadPolicy::LeaseRead };
     let linearizer = tokio::time::timeout(OPERATION_TIMEOUT, raft.get_read_linearizer(policy))
         .await
@@ -956,7 +961,7 @@ pub async fn leader_read_index(raft: &Raft, strict: bool) -> Result<u64> {
             }
             other => Error::unavailable(other),
         })?;
-    Ok(linearizer.read_log_id().index())
+    Ok(*linearizer.read_log_id().log_id())
 }
 
 /// The index of the last entry the replica applied.

@@ -13,7 +13,7 @@ use tonic::Status;
 use tonic::Streaming;
 
 use crate::node::Node;
-use crate::node::leader_read_index;
+use crate::node::leader_read_log_id;
 use crate::pb;
 use crate::pb::raft_service_server::RaftService;
 use crate::pb::raft_service_server::RaftServiceServer;
@@ -96,9 +96,8 @@ impl Service {
 
     async fn read_index_call(&self, req: pb::ReadIndexRequest) -> Result<pb::ReadIndexResponse, Status> {
         let raft = self.raft_for(req.header)?;
-        let index = leader_read_index(&raft, req.strict).await.map_err(fatal)?;
-        let term = crate::types::metrics_of(&raft).current_term;
-        Ok(pb::ReadIndexResponse { read_log_id: Some(pb::LogId { term, index }) })
+        let read = leader_read_log_id(&raft, req.strict).await.map_err(fatal)?;
+        Ok(pb::ReadIndexResponse { read_log_id: Some(wire::log_id_to_pb(&read)) })
     }
 
     async fn produce_call(&self, req: pb::ProduceRequest) -> Result<pb::ProduceResponse, Status> {
