@@ -858,7 +858,18 @@ async fn metrics(State(s): State<AppState>) -> Response {
         }
     }
     let sync = s.router.node.raft_log_sync_stats();
+    let reads = s.router.node.read_index_stats();
     for (name, help, v) in [
+        (
+            "logdex_follower_linearizable_reads_total",
+            "linearizable and strict reads served by a follower replica of this node.",
+            &reads.reads,
+        ),
+        (
+            "logdex_read_index_requests_total",
+            "Read-index requests sent to leaders for them (concurrent reads of a group share one).",
+            &reads.fetches,
+        ),
         ("logdex_raft_log_fsyncs_total", "fsyncs of the Raft log (one serves every group).", &sync.fsyncs),
         ("logdex_raft_log_flush_requests_total", "Appends and votes made durable by those fsyncs.", &sync.requests),
         ("logdex_raft_log_fsync_microseconds_total", "Time spent in Raft log fsyncs.", &sync.fsync_micros),

@@ -52,6 +52,16 @@ pub const MOVE_STEP_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a write or a read waits for its group before answering unavailable.
 pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How often follower reads asked a leader for a read index, and how many requests to
+/// leaders that took (concurrent reads of a group share one).
+#[derive(Default)]
+pub struct ReadIndexStats {
+    /// `linearizable` and `strict` reads served by a follower replica of this node.
+    pub reads: std::sync::atomic::AtomicU64,
+    /// Read-index requests this node sent to leaders for them.
+    pub fetches: std::sync::atomic::AtomicU64,
+}
+
 /// Plain configuration of the replication layer; `api/` fills it.
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -149,6 +159,7 @@ struct NodeInner {
     /// Groups whose move this node is driving now.
     moving: std::sync::Mutex<std::collections::HashSet<GroupId>>,
     forwarders: crate::batcher::Forwarders,
+    read_index_stats: ReadIndexStats,
     stop: tokio::sync::watch::Sender<bool>,
 }
 
@@ -208,6 +219,7 @@ impl Node {
                 groups: RwLock::new(HashMap::new()),
                 moving: Default::default(),
                 forwarders: Default::default(),
+                read_index_stats: Default::default(),
                 stop,
             }),
         })
@@ -727,6 +739,11 @@ impl Node {
         self.group(group).map(|g| g.partition.dir().join("snapshots"))
     }
 
+    /// Follower read-index counters of this node.
+    pub fn read_index_stats(&self) -> &ReadIndexStats {
+        &self.inner.read_index_stats
+    }
+
     /// Group-commit counters of this node's Raft log.
     pub fn raft_log_sync_stats(&self) -> &crate::log_store::SyncStats {
         self.inner.raft_log.sync_stats()
@@ -825,6 +842,7 @@ impl Node {
             leader_read_index(&hosted.raft, strict).await?
         } else {
             // Concurrent follower reads of this group share one read-index RPC.
+            self.inner.read_index_stats.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let node = self.clone();
             let group = hosted.group_id;
             let fetch: crate::coalesce::Fetch = Arc::new(move || {
@@ -841,6 +859,7 @@ impl Node {
 
     /// Asks the group's leader for a read index (ReadIndex if `strict`, else a lease read).
     async fn remote_read_index(&self, group: GroupId, strict: bool) -> Result<u64> {
+        self.inner.read_index_stats.fetches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let hosted = self.group(group).ok_or(Error::NotHosted { group })?;
         let leader = self.leader_node(&hosted).ok_or_else(|| Error::unavailable("no leader known"))?;
         let addr = self

@@ -35,8 +35,14 @@ pub struct Service {
 }
 
 /// Calls answered concurrently on one `Calls` stream; the stream is not read further
-/// until one ends.
-const CALLS_IN_FLIGHT: usize = 1024;
+/// until one ends. A sender has at most a few calls per group in flight (forwarded
+/// produces are batched, read-index requests coalesced per group).
+const CALLS_IN_FLIGHT: usize = 4096;
+/// Longest a call of a `Calls` stream is worked on: the sender has given up by then
+/// (it waits at most [`crate::node::OPERATION_TIMEOUT`]), and a call that hangs must not
+/// hold its place among [`CALLS_IN_FLIGHT`].
+const CALL_DEADLINE: std::time::Duration =
+    crate::node::OPERATION_TIMEOUT.saturating_add(std::time::Duration::from_secs(1));
 
 /// Checks the node-to-node bearer token, when one is configured.
 #[derive(Clone)]
@@ -122,14 +128,21 @@ impl Service {
     async fn answer_call(&self, request: pb::CallRequest) -> pb::CallResponse {
         use pb::call_request::Call;
         use pb::call_response::Result as A;
-        let result = match request.call {
-            Some(Call::ReadIndex(r)) => self.read_index_call(r).await.map(A::ReadIndex),
-            Some(Call::Produce(r)) => self.produce_call(r).await.map(A::Produce),
-            None => Err(Status::unimplemented("unknown or empty call")),
+        let id = request.id;
+        let call = request.call;
+        let work = async {
+            match call {
+                Some(Call::ReadIndex(r)) => self.read_index_call(r).await.map(A::ReadIndex),
+                Some(Call::Produce(r)) => self.produce_call(r).await.map(A::Produce),
+                None => Err(Status::unimplemented("unknown or empty call")),
+            }
         };
+        let result = tokio::time::timeout(CALL_DEADLINE, work)
+            .await
+            .unwrap_or_else(|_| Err(Status::deadline_exceeded(format!("call not done in {CALL_DEADLINE:?}"))));
         let result = result
             .unwrap_or_else(|s| A::Error(pb::CallError { code: s.code() as i32, message: s.message().to_string() }));
-        pb::CallResponse { id: request.id, result: Some(result) }
+        pb::CallResponse { id, result: Some(result) }
     }
 }
 
@@ -348,6 +361,9 @@ impl RaftService for Service {
     }
 
     async fn calls(&self, request: Request<Streaming<pb::CallRequest>>) -> Result<Response<CallAnswers>, Status> {
+        // Test builds with the `failpoints` feature: `rpc::calls_unsupported=return` answers as a
+        // node from before call streams does, so its peers use the unary RPCs.
+        fail::fail_point!("rpc::calls_unsupported", |_| Err(Status::unimplemented("call streams are switched off")));
         let mut input = request.into_inner();
         let (answers, outgoing) = tokio::sync::mpsc::channel::<pb::CallResponse>(CALLS_IN_FLIGHT);
         let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(CALLS_IN_FLIGHT));
