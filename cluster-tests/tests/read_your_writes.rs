@@ -26,16 +26,27 @@ async fn follower_linearizable_read_right_after_an_acknowledged_write_sees_it() 
     cluster.finish(outcome)
 }
 
-async fn rounds(cluster: &Cluster) -> Result<()> {
-    let api = cluster.api();
-    let base = cluster.url(1);
-    api.create_topic(&base, &TopicSpec::compacted(TOPIC, 1, 3)).await?;
+/// The leader of the topic's partition 0 and its two followers, once it has a leader.
+async fn leader_and_followers(cluster: &Cluster) -> Result<(u64, [u64; 2])> {
     let described = cluster.wait_for_leaders(TOPIC, Duration::from_secs(20)).await?;
     let partition = described.partition(0)?;
     let leader =
         partition.leader.ok_or_else(|| logdex_cluster_tests::Error::Check("partition 0 has no leader".into()))?;
     let followers: Vec<u64> = partition.replicas.iter().copied().filter(|n| *n != leader).collect();
-    ensure_eq!(followers.len(), 2, "replicas {:?} led by {leader}", partition.replicas);
+    match followers[..] {
+        [a, b] => Ok((leader, [a, b])),
+        _ => Err(logdex_cluster_tests::Error::Check(format!(
+            "replicas {:?} led by {leader}: expected two followers",
+            partition.replicas
+        ))),
+    }
+}
+
+async fn rounds(cluster: &Cluster) -> Result<()> {
+    let api = cluster.api();
+    let base = cluster.url(1);
+    api.create_topic(&base, &TopicSpec::compacted(TOPIC, 1, 3)).await?;
+    let (leader, followers) = leader_and_followers(cluster).await?;
     for round in 0..ROUNDS {
         let value = format!("value-{round}");
         let put = api.put(&cluster.url(leader), TOPIC, b"key", value.as_bytes()).await?;
@@ -84,12 +95,7 @@ async fn without_call_streams(cluster: &mut Cluster) -> Result<()> {
 /// Writes through one follower (forwarded to the leader), reads back through the other.
 async fn forwarded_rounds(cluster: &Cluster) -> Result<()> {
     let api = cluster.api();
-    let described = cluster.wait_for_leaders(TOPIC, Duration::from_secs(20)).await?;
-    let partition = described.partition(0)?;
-    let leader =
-        partition.leader.ok_or_else(|| logdex_cluster_tests::Error::Check("partition 0 has no leader".into()))?;
-    let followers: Vec<u64> = partition.replicas.iter().copied().filter(|n| *n != leader).collect();
-    ensure_eq!(followers.len(), 2, "replicas {:?} led by {leader}", partition.replicas);
+    let (_, followers) = leader_and_followers(cluster).await?;
     for round in 0..ROUNDS {
         let value = format!("forwarded-{round}");
         let put = api.put(&cluster.url(followers[0]), TOPIC, b"key", value.as_bytes()).await?;

@@ -75,9 +75,21 @@ impl Calls {
     }
 
     /// Sends `call` to the node at `addr` and waits at most `timeout` for its answer.
+    ///
+    /// A call that times out while its stream answered nothing for as long ends the stream
+    /// (its other calls fail as "effect unknown") and replaces the pooled connection: the
+    /// peer is gone or the connection stopped carrying data, and the next call starts afresh.
     pub async fn call(&self, addr: &str, call: Call, timeout: Duration) -> Result<Answer, CallError> {
         let stream = self.stream(addr)?;
-        stream.call(call, timeout).await
+        let result = stream.call(call, timeout).await;
+        if let Err(CallError::Failed(status)) = &result
+            && status.code() == tonic::Code::DeadlineExceeded
+            && stream.silent_for(timeout)
+        {
+            stream.close(Status::unavailable(format!("the call stream to {addr} answered nothing in {timeout:?}")));
+            self.pool.forget(addr);
+        }
+        result
     }
 
     /// The open stream to `addr`, or a new one when there is none or it ended.
@@ -108,19 +120,28 @@ struct CallStream {
     requests: mpsc::Sender<pb::CallRequest>,
     state: Mutex<StreamState>,
     next_id: AtomicU64,
+    /// Stops the stream's task (and with it the HTTP/2 stream) when the stream is given up.
+    closed: tokio::sync::Notify,
 }
 
-#[derive(Default)]
 struct StreamState {
     pending: HashMap<u64, Reply>,
     /// Why and when the stream ended; no call waits on an ended stream.
     ended: Option<(Status, Instant)>,
+    /// When the stream last delivered an answer (or was opened).
+    last_answer: Instant,
 }
 
 impl CallStream {
     fn open(client: RaftClient) -> Arc<CallStream> {
         let (requests, queued) = mpsc::channel(QUEUE);
-        let stream = Arc::new(CallStream { requests, state: Mutex::default(), next_id: AtomicU64::new(1) });
+        let state = StreamState { pending: HashMap::new(), ended: None, last_answer: Instant::now() };
+        let stream = Arc::new(CallStream {
+            requests,
+            state: Mutex::new(state),
+            next_id: AtomicU64::new(1),
+            closed: tokio::sync::Notify::new(),
+        });
         tokio::spawn(stream.clone().drive(client, queued));
         stream
     }
@@ -131,6 +152,11 @@ impl CallStream {
 
     fn ended(&self) -> Option<(Status, Instant)> {
         self.state().ended.clone()
+    }
+
+    /// Whether the stream delivered no answer for at least `period`.
+    fn silent_for(&self, period: Duration) -> bool {
+        self.state().last_answer.elapsed() >= period
     }
 
     async fn call(&self, call: Call, timeout: Duration) -> Result<Answer, CallError> {
@@ -181,17 +207,25 @@ impl CallStream {
         };
         let _ = accepted_tx.send(true);
         let status = loop {
-            match answers.message().await {
-                Ok(Some(answer)) => self.answer(answer),
-                Ok(None) => break Status::unavailable("the peer closed the call stream"),
-                Err(status) => break status,
+            tokio::select! {
+                message = answers.message() => match message {
+                    Ok(Some(answer)) => self.answer(answer),
+                    Ok(None) => break Status::unavailable("the peer closed the call stream"),
+                    Err(status) => break status,
+                },
+                _ = self.closed.notified() => break Status::cancelled("the call stream was given up"),
             }
         };
         self.end(status, true);
     }
 
     fn answer(&self, answer: pb::CallResponse) {
-        let Some(reply) = self.state().pending.remove(&answer.id) else { return };
+        let reply = {
+            let mut state = self.state();
+            state.last_answer = Instant::now();
+            state.pending.remove(&answer.id)
+        };
+        let Some(reply) = reply else { return };
         let result = match answer.result {
             Some(Answer::Error(e)) => Err(CallError::Failed(Status::new(tonic::Code::from(e.code), e.message))),
             Some(result) => Ok(result),
@@ -200,11 +234,20 @@ impl CallStream {
         let _ = reply.send(result);
     }
 
+    /// Gives the stream up: fails its waiting calls as maybe sent and stops its task.
+    fn close(&self, status: Status) {
+        self.end(status, true);
+        self.closed.notify_one();
+    }
+
     /// Marks the stream ended and fails every waiting call; `sent` says whether their
     /// requests may have reached the peer.
     fn end(&self, status: Status, sent: bool) {
         let pending = {
             let mut state = self.state();
+            if state.ended.is_some() {
+                return;
+            }
             state.ended = Some((status.clone(), Instant::now()));
             std::mem::take(&mut state.pending)
         };
@@ -261,12 +304,21 @@ mod tests {
     use crate::pb::raft_service_server::RaftServiceServer;
 
     /// A peer that answers each read-index call with its group id as the index, later calls
-    /// first. With `break_after`, its first stream answers nothing and fails once that many
-    /// calls arrived.
+    /// first (group 0 only after 200 ms). Its first stream may instead behave as `first`.
     #[derive(Clone, Default)]
     struct EchoPeer {
-        break_after: Option<usize>,
-        broke: Arc<std::sync::atomic::AtomicBool>,
+        first: FirstStream,
+        used: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    #[derive(Clone, Copy, Default, PartialEq)]
+    enum FirstStream {
+        #[default]
+        Answers,
+        /// Answers nothing and fails once this many calls arrived.
+        BreaksAfter(usize),
+        /// Answers nothing and stays open.
+        Silent,
     }
 
     /// A peer of an older version: every method answers UNIMPLEMENTED.
@@ -283,17 +335,18 @@ mod tests {
         ) -> Result<Response<crate::service::CallAnswers>, Status> {
             let mut input = request.into_inner();
             let (tx, rx) = mpsc::channel(64);
-            let break_after = self.break_after.filter(|_| !self.broke.swap(true, Ordering::SeqCst));
+            let first = if self.used.swap(true, Ordering::SeqCst) { FirstStream::Answers } else { self.first };
             tokio::spawn(async move {
                 let mut seen = 0;
                 while let Ok(Some(request)) = input.message().await {
                     seen += 1;
-                    if break_after == Some(seen) {
-                        let _ = tx.send(Err(Status::internal("peer broke the stream"))).await;
-                        return;
-                    }
-                    if break_after.is_some() {
-                        continue;
+                    match first {
+                        FirstStream::BreaksAfter(n) if n == seen => {
+                            let _ = tx.send(Err(Status::internal("peer broke the stream"))).await;
+                            return;
+                        }
+                        FirstStream::BreaksAfter(_) | FirstStream::Silent => continue,
+                        FirstStream::Answers => {}
                     }
                     let Some(Call::ReadIndex(read)) = request.call else {
                         let _ = tx.send(Err(Status::invalid_argument("not a read-index call"))).await;
@@ -302,7 +355,12 @@ mod tests {
                     let group = read.header.map_or(0, |h| h.group_id);
                     let tx = tx.clone();
                     tokio::spawn(async move {
-                        tokio::time::sleep(Duration::from_micros(2000 - group * 10)).await;
+                        let delay = if group == 0 {
+                            Duration::from_millis(200)
+                        } else {
+                            Duration::from_micros(2000 - group * 10)
+                        };
+                        tokio::time::sleep(delay).await;
                         let answer = Answer::ReadIndex(pb::ReadIndexResponse {
                             read_log_id: Some(pb::LogId { term: 1, index: group }),
                         });
@@ -381,7 +439,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_broken_stream_fails_waiting_calls_as_maybe_sent_and_the_next_call_reopens() {
-        let addr = serve(EchoPeer { break_after: Some(3), ..Default::default() }).await;
+        let addr = serve(EchoPeer { first: FirstStream::BreaksAfter(3), ..Default::default() }).await;
         let calls = calls();
         let results =
             futures::future::join_all((1..=3u64).map(|g| calls.call(&addr, read_index(g), Duration::from_secs(5))))
@@ -400,16 +458,41 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_unanswered_call_times_out_and_leaves_nothing_pending() {
+    async fn a_late_answer_on_a_stream_that_keeps_answering_times_out_its_call_only() {
         let addr = serve(EchoPeer::default()).await;
-        let calls = calls();
-        // The echo peer answers group 0 after 2 ms: a 100 µs deadline passes first.
-        let error = calls.call(&addr, read_index(0), Duration::from_micros(100)).await.expect_err("call fails");
-        assert_eq!(error.status().code(), tonic::Code::DeadlineExceeded, "{error:?}");
+        let calls = Arc::new(calls());
+        assert_eq!(index_of(calls.call(&addr, read_index(5), Duration::from_secs(5)).await.expect("call answered")), 5);
         let stream = calls.peers.lock().expect("peers")[&addr].clone();
+        // Group 0 is answered after 200 ms, past its 100 ms deadline, while other calls are
+        // answered every 10 ms: the stream is not silent and stays.
+        let busy = {
+            let (calls, addr) = (calls.clone(), addr.clone());
+            tokio::spawn(async move {
+                for _ in 0..25 {
+                    let _ = calls.call(&addr, read_index(5), Duration::from_secs(5)).await;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+        };
+        let error = calls.call(&addr, read_index(0), Duration::from_millis(100)).await.expect_err("call fails");
+        assert_eq!(error.status().code(), tonic::Code::DeadlineExceeded, "{error:?}");
+        busy.await.expect("busy caller");
+        assert!(stream.ended().is_none(), "the stream was given up: {:?}", stream.ended());
+        assert!(Arc::ptr_eq(&stream, &calls.peers.lock().expect("peers")[&addr]));
         assert!(stream.state().pending.is_empty());
-        // The late answer is dropped; the stream still serves.
-        tokio::time::sleep(Duration::from_millis(5)).await;
         assert_eq!(index_of(calls.call(&addr, read_index(9), Duration::from_secs(5)).await.expect("call answered")), 9);
+    }
+
+    #[tokio::test]
+    async fn a_stream_silent_past_a_calls_deadline_is_given_up_and_the_next_call_reconnects() {
+        let addr = serve(EchoPeer { first: FirstStream::Silent, ..Default::default() }).await;
+        let calls = calls();
+        let error = calls.call(&addr, read_index(1), Duration::from_millis(100)).await.expect_err("call fails");
+        assert_eq!(error.status().code(), tonic::Code::DeadlineExceeded, "{error:?}");
+        let silent = calls.peers.lock().expect("peers")[&addr].clone();
+        assert!(silent.ended().is_some(), "the silent stream is given up");
+        assert!(!calls.pool.channels.lock().expect("channels").contains_key(&addr), "the connection is dropped");
+        assert_eq!(index_of(calls.call(&addr, read_index(4), Duration::from_secs(5)).await.expect("call answered")), 4);
+        assert!(!Arc::ptr_eq(&silent, &calls.peers.lock().expect("peers")[&addr]), "a new stream answered");
     }
 }

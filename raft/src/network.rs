@@ -45,7 +45,8 @@ use crate::wire;
 /// Default deadline for node-to-node calls that openraft does not time itself.
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest a replication stream may stay silent while it owes answers (the unary
-/// append's deadline is at most five RPC timeouts too).
+/// append's deadline is at most five RPC timeouts too); then it fails and the
+/// connection to that peer is replaced.
 pub const STREAM_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Deadline of a whole snapshot transfer.
@@ -112,7 +113,7 @@ pub type RaftClient = RaftServiceClient<tonic::service::interceptor::Intercepted
 
 /// One channel per peer address, shared by all groups and by client-side calls.
 pub struct ChannelPool {
-    channels: Mutex<HashMap<String, Channel>>,
+    pub(crate) channels: Mutex<HashMap<String, Channel>>,
     token: TokenInterceptor,
     /// Source address of outgoing connections (the node's own RPC IP), so a
     /// fault-injecting proxy can tell the links between nodes apart.
@@ -127,6 +128,16 @@ impl ChannelPool {
             None => None,
         };
         Ok(ChannelPool { channels: Mutex::new(HashMap::new()), token: TokenInterceptor { header }, local_ip })
+    }
+
+    /// Drops the pooled connection to `addr`: the next client gets a new one. Calls in flight
+    /// on the old connection go on until they end. For a connection that answers HTTP/2 pings
+    /// but carries no data any more (flow-control credit lost), which keep-alive cannot detect.
+    pub fn forget(&self, addr: &str) {
+        let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        if channels.remove(addr).is_some() {
+            tracing::info!(peer = addr, "dropped the connection to a peer that stopped answering; reconnecting");
+        }
     }
 
     pub fn client(&self, addr: &str) -> Result<RaftClient, tonic::transport::Error> {
@@ -263,6 +274,7 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
     {
         let header = self.header;
         let client = self.client();
+        let (pool, addr) = (self.pool.clone(), self.addr.clone());
         Box::pin(async move {
             let mut client = client?;
             // Requests sent and not yet answered: a stream that owes answers and stays silent
@@ -277,6 +289,7 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
             let responses = client.stream_append(requests).await.map_err(unreachable)?.into_inner();
             let results = futures::stream::unfold(Some(responses), move |responses| {
                 let owed = owed.clone();
+                let (pool, addr) = (pool.clone(), addr.clone());
                 async move {
                     let mut responses = responses?;
                     loop {
@@ -289,6 +302,9 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
                             }
                             Err(_) if owed.load(std::sync::atomic::Ordering::Acquire) <= 0 => continue,
                             Err(_) => {
+                                // The next stream goes over a new connection: this one may
+                                // still answer pings while its data no longer flows.
+                                pool.forget(&addr);
                                 let e = unreachable(format!(
                                     "no append answer within {STREAM_ANSWER_TIMEOUT:?} on the replication stream"
                                 ));
