@@ -797,15 +797,6 @@ impl Node {
             header: Some(pb::GroupHeader { group_id: group, target_replica: 0 }),
             records: records.iter().map(wire::record_to_pb).collect(),
         };
-        let map_status = |s: tonic::Status| match s.code() {
-            tonic::Code::Unavailable if s.message().contains("connect") => {
-                Error::NodeUnreachable(s.message().to_string())
-            }
-            tonic::Code::InvalidArgument => Error::Invalid(s.message().to_string()),
-            tonic::Code::NotFound => Error::NotLeader { group, leader_node: None },
-            tonic::Code::DeadlineExceeded => Error::Timeout(s.message().to_string()),
-            _ => Error::unavailable(s.message()),
-        };
         use crate::calls::CallError;
         use pb::call_response::Result as Answer;
         let answer =
@@ -816,11 +807,11 @@ impl Node {
                     let mut client = self.inner.pool.client(&addr).map_err(Error::unavailable)?;
                     let mut request = tonic::Request::new(request());
                     request.set_timeout(OPERATION_TIMEOUT);
-                    client.produce(request).await.map_err(map_status)?.into_inner()
+                    client.produce(request).await.map_err(|s| produce_error(group, s, true))?.into_inner()
                 }
                 // Nothing left this node: definitely not written.
                 Err(CallError::NotSent(s)) => return Err(Error::NodeUnreachable(s.message().to_string())),
-                Err(CallError::Failed(s)) => return Err(map_status(s)),
+                Err(CallError::Failed(s)) => return Err(produce_error(group, s, false)),
             };
         match answer.result {
             Some(pb::produce_response::Result::BaseOffset(o)) => Ok(o),
@@ -963,6 +954,23 @@ impl Node {
     }
 }
 
+/// The error of a forwarded produce that failed with `status`. Only a failure known to have
+/// sent nothing is `NodeUnreachable` (definite: the caller may retry on another leader):
+/// `connect_failed` marks a unary call, whose transport error names the connection attempt
+/// then. A call stream reports "not sent" itself; any other failure on it may have been
+/// written.
+fn produce_error(group: GroupId, status: tonic::Status, connect_failed: bool) -> Error {
+    match status.code() {
+        tonic::Code::Unavailable if connect_failed && status.message().contains("connect") => {
+            Error::NodeUnreachable(status.message().to_string())
+        }
+        tonic::Code::InvalidArgument => Error::Invalid(status.message().to_string()),
+        tonic::Code::NotFound => Error::NotLeader { group, leader_node: None },
+        tonic::Code::DeadlineExceeded => Error::Timeout(status.message().to_string()),
+        _ => Error::unavailable(status.message()),
+    }
+}
+
 /// Read index on the leader: a lease read unless `strict`.
 pub async fn leader_read_index(raft: &Raft, strict: bool) -> Result<u64> {
     Ok(leader_read_log_id(raft, strict).await?.index)
@@ -1080,3 +1088,21 @@ async fn initialize_group(raft: Raft, members: BTreeMap<u64, pb::Node>, preferre
 
 /// For `wire` users outside this crate.
 pub use wire::log_id_to_pb;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_produce_that_failed_after_its_call_stream_opened_is_never_definite() {
+        // A broken stream's status often names the connection ("connection reset"): the
+        // write may have happened, so it must not look like a refused connection.
+        let reset = tonic::Status::unavailable("error reading a body from connection: connection reset");
+        assert!(matches!(produce_error(7, reset.clone(), false), Error::Unavailable(_)));
+        assert!(matches!(produce_error(7, reset, true), Error::NodeUnreachable(_)));
+        let timeout = tonic::Status::deadline_exceeded("no answer");
+        assert!(matches!(produce_error(7, timeout, false), Error::Timeout(_)));
+        let moved = tonic::Status::not_found("group 7 is not hosted here");
+        assert!(matches!(produce_error(7, moved, false), Error::NotLeader { group: 7, leader_node: None }));
+    }
+}
