@@ -46,6 +46,9 @@ pub async fn dev(args: DevArgs) -> Result<(), String> {
             .args(["--http-addr", &format!("127.0.0.1:{}", port(args.http_port, i)?)])
             .args(["--rpc-addr", &format!("127.0.0.1:{}", port(args.rpc_port, i)?)])
             .args(["--peers", &peers])
+            // One object store for the cluster: topics may turn tiered storage on.
+            .arg("--tiered-store")
+            .arg(args.data_dir.join("tiered"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

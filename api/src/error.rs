@@ -108,7 +108,9 @@ impl From<logdex_raft::Error> for ApiError {
             E::Timeout(m) => ApiError::Timeout(m),
             E::NotFound(m) => ApiError::NotFound(m),
             E::Conflict(m) => ApiError::Conflict(m),
-            E::NotLeader { .. } | E::NotHosted { .. } | E::Unavailable(_) => ApiError::Unavailable(e.to_string()),
+            E::NotLeader { .. } | E::NotHosted { .. } | E::Unavailable(_) | E::TierMiss { .. } => {
+                ApiError::Unavailable(e.to_string())
+            }
             other => ApiError::Internal(other.to_string()),
         }
     }

@@ -751,7 +751,7 @@ async fn fetch_records(
     };
     s.router.node.read_barrier(&hosted, mode).await?;
     let hw = hosted.partition.high_watermark();
-    let records = hosted.partition.read_records(offset, max_records, max_bytes)?;
+    let records = s.router.node.read_records(&hosted, offset, max_records, max_bytes).await?;
     let next_offset = records.last().map_or(offset.max(hosted.partition.log_start_offset()).min(hw), |(o, _)| o + 1);
     let (encoded, encoding) = encode_records(&records);
     let mut resp = Json(json!({
@@ -821,7 +821,7 @@ async fn metrics(State(s): State<AppState>) -> Response {
     let node = s.router.node.node_id();
     let groups = s.router.node.groups();
     type Gauge = fn(&logdex_raft::node::HostedGroup) -> u64;
-    let series: [(&str, &str, &str, Gauge); 11] = [
+    let series: [(&str, &str, &str, Gauge); 13] = [
         ("logdex_partition_high_watermark", "gauge", "Offset after the last applied record.", |g| {
             g.partition.high_watermark()
         }),
@@ -835,6 +835,12 @@ async fn metrics(State(s): State<AppState>) -> Response {
         }),
         ("logdex_partition_log_bytes", "gauge", "Bytes of segment files.", |g| g.partition.size_bytes()),
         ("logdex_partition_segments", "gauge", "Segment files.", |g| g.partition.segment_count() as u64),
+        ("logdex_partition_remote_segments", "gauge", "Segments in tiered storage (the manifest).", |g| {
+            g.partition.tier_manifest().segments.len() as u64
+        }),
+        ("logdex_partition_remote_bytes", "gauge", "Bytes of segments in tiered storage.", |g| {
+            g.partition.tier_manifest().size_bytes()
+        }),
         ("logdex_partition_index_keys", "gauge", "Approximate keys in the index.", |g| g.partition.index_keys()),
         ("logdex_partition_compactions_total", "counter", "Compaction passes.", |g| {
             g.partition.counters.compactions.load(Relaxed)

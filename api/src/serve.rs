@@ -75,6 +75,12 @@ pub struct ServeArgs {
     /// How often compaction (cleanup.policy=compact) and retention (delete) run on each log, in ms.
     #[arg(long, env = "LOGDEX_CLEANER_INTERVAL_MS", default_value_t = 30_000)]
     pub cleaner_interval_ms: u64,
+    /// Object store of tiered storage: a directory (or `file:///dir`) that every node of the
+    /// cluster shares. Topics with `remote.storage.enable=true` copy their sealed segments
+    /// there and keep `local.retention.ms`/`local.retention.bytes` of them on local disk.
+    /// Unset: nothing is copied, and data already copied cannot be read on this node.
+    #[arg(long, env = "LOGDEX_TIERED_STORE")]
+    pub tiered_store: Option<String>,
     /// Snapshot a group after this many applied entries; its Raft log is purged behind the snapshot.
     #[arg(long, env = "LOGDEX_SNAPSHOT_EVERY", default_value_t = logdex_raft::node::SNAPSHOT_EVERY_ENTRIES)]
     pub snapshot_every: u64,
@@ -132,6 +138,7 @@ impl ServeArgs {
             log: LogConfig::default(),
             index: IndexConfig::default(),
             cleaner_interval_ms: self.cleaner_interval_ms,
+            tiered_store: self.tiered_store.clone(),
             controller_voters: self.controller_voters,
             // Outgoing node-to-node connections leave from the RPC listen IP
             // when a node listens on its own loopback address (127.0.0.2, ...),

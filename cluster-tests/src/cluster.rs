@@ -80,6 +80,10 @@ pub struct ClusterOptions {
     pub fsync_trace: bool,
     /// Seed of the proxy's random choices (delay jitter, losses).
     pub seed: u64,
+    /// Every node gets `--tiered-store <cluster dir>/tiered` (one object store for all).
+    pub tiered_store: bool,
+    /// `--cleaner-interval-ms` of every node (retention, compaction, tiered storage).
+    pub cleaner_interval_ms: Option<u64>,
 }
 
 impl ClusterOptions {
@@ -329,6 +333,11 @@ impl Cluster {
         }
     }
 
+    /// The object store directory the nodes share with [`ClusterOptions::tiered_store`].
+    pub fn tiered_dir(&self) -> PathBuf {
+        self.dir().join("tiered")
+    }
+
     /// Starts spare node `id` with `--join` through a running initial node, and waits for it.
     pub async fn start_spare(&mut self, id: u64) -> Result<()> {
         if !self.node(id).joins {
@@ -576,6 +585,7 @@ impl Cluster {
         let peers = self.peers.clone();
         let options = self.options.clone();
         let join = if self.node(id).joins { Some(self.join_target()?) } else { None };
+        let tiered_dir = self.tiered_dir();
         let node = self.node_mut(id);
         if node.lock_child().is_some() {
             return Err(Error::Check(format!("node {id} is already running")));
@@ -607,10 +617,14 @@ impl Cluster {
             ("--heartbeat-ms", options.heartbeat_ms),
             ("--election-timeout-ms", options.election_timeout_ms),
             ("--snapshot-every", options.snapshot_every),
+            ("--cleaner-interval-ms", options.cleaner_interval_ms),
         ] {
             if let Some(value) = value {
                 command.args([flag, &value.to_string()]);
             }
+        }
+        if options.tiered_store {
+            command.arg("--tiered-store").arg(&tiered_dir);
         }
         // Every flag also reads LOGDEX_<FLAG>: keep ambient settings out, except the log filter.
         for (name, _) in std::env::vars_os() {

@@ -30,7 +30,8 @@ pub(crate) enum EntryKind {
     Other,
 }
 
-pub(crate) fn segment_file_name(base_offset: Offset) -> String {
+/// The file name of the segment starting at `base_offset`: `{base_offset:020}.log`.
+pub fn segment_file_name(base_offset: Offset) -> String {
     format!("{base_offset:020}{LOG_SUFFIX}")
 }
 

@@ -33,6 +33,7 @@ pub use compact::CompactStats;
 pub use compression::DECOMPRESSED_BYTES_MAX;
 pub use config::LogConfig;
 pub use error::{Error, Result};
+pub use files::segment_file_name;
 pub use log::{Log, SegmentInfo};
 
 /// A record's logical number in a partition.

@@ -38,6 +38,11 @@ pub struct SegmentInfo {
     pub next_offset: Offset,
     pub size_bytes: u64,
     pub sealed: bool,
+    /// Largest record timestamp in the segment (`-1` when empty).
+    pub max_timestamp_ms: i64,
+    /// The segment file. A sealed one is never modified in place, only
+    /// replaced whole (compaction) or deleted (retention).
+    pub path: PathBuf,
 }
 
 impl std::fmt::Debug for Log {
@@ -345,6 +350,26 @@ impl Log {
         })
     }
 
+    /// Deletes the oldest segment if it is sealed (the active segment is
+    /// never deleted) and returns the new start offset, or `None` when the
+    /// oldest segment is the active one. For local retention of segments
+    /// copied elsewhere (tiered storage).
+    pub fn delete_oldest_sealed(&mut self) -> Result<Option<Offset>> {
+        if self.poisoned {
+            return Err(Error::Poisoned);
+        }
+        if self.segments.len() < 2 {
+            return Ok(None);
+        }
+        self.guarded(|log| {
+            log.segments[0].delete(&log.dir)?;
+            log.segments.remove(0);
+            log.dir_dirty = true;
+            info!(start_offset = log.start_offset(), "local retention moved the start offset");
+            Ok(Some(log.start_offset()))
+        })
+    }
+
     /// Compacts sealed segments: a keyed record is kept iff `live(key,
     /// offset)`; a tombstone iff its timestamp `>= tombstone_horizon_ms`;
     /// records without a key always. Offsets are preserved. See
@@ -377,6 +402,8 @@ impl Log {
                 next_offset: self.segments.get(i + 1).map_or(next_offset, |n| n.base_offset),
                 size_bytes: s.size_bytes(),
                 sealed: s.sealed,
+                max_timestamp_ms: s.max_timestamp_ms(),
+                path: s.path.clone(),
             })
             .collect()
     }

@@ -64,3 +64,22 @@ fn retention_never_deletes_the_active_segment() -> TestResult {
     assert_eq!(log.read_record(6)?.map(|(o, _)| o), Some(6));
     Ok(())
 }
+
+/// Local retention of copied segments: the oldest sealed segment goes and its file with it; the
+/// active segment never does. Segment infos name each file and its newest timestamp.
+#[test]
+fn delete_oldest_sealed_removes_one_segment_file_and_never_the_active_one() -> TestResult {
+    let (_dir, mut log) = timed_segments(small_config(), 2)?;
+    let segments = log.segments();
+    assert_eq!(segments[0].max_timestamp_ms, 1000);
+    assert_eq!(segments[1].max_timestamp_ms, 2000);
+    let first = segments[0].path.clone();
+    assert!(first.exists());
+    assert_eq!(log.delete_oldest_sealed()?, Some(2));
+    assert!(!first.exists(), "the file of the deleted segment is gone");
+    assert_eq!(log.start_offset(), 2);
+    assert_eq!(log.delete_oldest_sealed()?, Some(4));
+    assert_eq!(log.delete_oldest_sealed()?, None, "only the active segment is left");
+    assert_eq!(log.read_record(4)?.map(|(o, _)| o), Some(4));
+    Ok(())
+}

@@ -339,6 +339,18 @@ pub struct CleanupPolicy {
     pub delete_retention_ms: u64,
 }
 
+/// Tiered storage of a topic (`remote.storage.enable=true`); limits are `None` when unlimited.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TierPolicy {
+    /// `retention.ms` and `retention.bytes`: the whole log, remote and local.
+    pub retention_ms: Option<u64>,
+    pub retention_bytes: Option<u64>,
+    /// `local.retention.ms` and `local.retention.bytes`: how much of the copied log a
+    /// replica keeps on its own disk (default: as `retention.*`).
+    pub local_retention_ms: Option<u64>,
+    pub local_retention_bytes: Option<u64>,
+}
+
 impl TopicRecord {
     /// `cleanup.policy` (default `compact`) and `delete.retention.ms`.
     pub fn cleanup_policy(&self) -> CleanupPolicy {
@@ -352,6 +364,26 @@ impl TopicRecord {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(DELETE_RETENTION_MS_DEFAULT),
         }
+    }
+
+    /// Tiered storage settings, when `remote.storage.enable=true`.
+    pub fn tier_policy(&self) -> Option<TierPolicy> {
+        if self.config.get("remote.storage.enable").map(String::as_str) != Some("true") {
+            return None;
+        }
+        let num = |k: &str| self.config.get(k).and_then(|v| v.parse::<i64>().ok());
+        let limit = |v: Option<i64>| v.filter(|v| *v >= 0).map(|v| v as u64);
+        let (retention_ms, retention_bytes) = (limit(num("retention.ms")), limit(num("retention.bytes")));
+        let local = |k: &str, total: Option<u64>| match num(k) {
+            None | Some(-2) => total,
+            v => limit(v),
+        };
+        Some(TierPolicy {
+            retention_ms,
+            retention_bytes,
+            local_retention_ms: local("local.retention.ms", retention_ms),
+            local_retention_bytes: local("local.retention.bytes", retention_bytes),
+        })
     }
 
     /// The segment log settings of this topic's replicas, over `base` (node defaults).
@@ -400,11 +432,20 @@ pub fn validate_config(config: &BTreeMap<String, String>) -> std::result::Result
             "segment.ms" | "delete.retention.ms" => value.parse::<u64>().is_ok(),
             "retention.ms" | "retention.bytes" => value.parse::<i64>().is_ok_and(|v| v >= -1),
             "min.cleanable.dirty.ratio" => value.parse::<f64>().is_ok_and(|v| (0.0..=1.0).contains(&v)),
+            "remote.storage.enable" => matches!(value.as_str(), "true" | "false"),
+            // -2: as `retention.*` (Kafka's default); -1: no limit.
+            "local.retention.ms" | "local.retention.bytes" => value.parse::<i64>().is_ok_and(|v| v >= -2),
             _ => return Err(format!("unknown topic config {key:?}")),
         };
         if !ok {
             return Err(format!("invalid value {value:?} for topic config {key:?}"));
         }
+    }
+    // As in Kafka: compaction rewrites sealed segments, which tiered storage copies once.
+    if config.get("remote.storage.enable").map(String::as_str) == Some("true")
+        && config.get("cleanup.policy").map(String::as_str) != Some("delete")
+    {
+        return Err("remote.storage.enable=true needs cleanup.policy=delete (compacted topics are not tiered)".into());
     }
     Ok(())
 }
@@ -544,5 +585,37 @@ mod tests {
         for bad in ["", ".", "..", "a/b", "a b", &"x".repeat(250)] {
             assert!(validate_topic_name(bad).is_err(), "{bad:?}");
         }
+    }
+
+    fn config(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn remote_storage_needs_the_delete_policy() {
+        let tiered = [("remote.storage.enable", "true")];
+        assert!(validate_config(&config(&tiered)).is_err(), "the default policy is compact");
+        assert!(validate_config(&config(&[tiered[0], ("cleanup.policy", "compact,delete")])).is_err());
+        assert!(validate_config(&config(&[tiered[0], ("cleanup.policy", "delete")])).is_ok());
+        assert!(validate_config(&config(&[("remote.storage.enable", "yes")])).is_err());
+        assert!(validate_config(&config(&[("local.retention.ms", "-3")])).is_err());
+    }
+
+    #[test]
+    fn local_retention_defaults_to_the_topic_retention() {
+        let topic = |pairs: &[(&str, &str)]| TopicRecord {
+            name: "t".into(),
+            partitions: Vec::new(),
+            replication_factor: 1,
+            config: config(pairs),
+        };
+        assert_eq!(topic(&[("cleanup.policy", "delete")]).tier_policy(), None);
+        let base = [("cleanup.policy", "delete"), ("remote.storage.enable", "true"), ("retention.ms", "5000")];
+        let p = topic(&base).tier_policy().expect("tiered");
+        assert_eq!((p.retention_ms, p.local_retention_ms, p.local_retention_bytes), (Some(5000), Some(5000), None));
+        let p = topic(&[base[0], base[1], base[2], ("local.retention.ms", "0"), ("local.retention.bytes", "-1")])
+            .tier_policy()
+            .expect("tiered");
+        assert_eq!((p.local_retention_ms, p.local_retention_bytes), (Some(0), None));
     }
 }

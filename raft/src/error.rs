@@ -43,6 +43,10 @@ pub enum Error {
     /// [`logdex_log::Error::Corrupt`]: see [`Error::is_corrupt_data`].
     #[error("corrupt data in group {group}: {detail}")]
     CorruptData { group: GroupId, detail: String },
+    /// A read or an index rebuild needs remote segments (tiered storage) that are not in
+    /// this replica's cache yet: the async caller fetches them and tries again.
+    #[error("group {group}: {} remote segment(s) not fetched yet", segments.len())]
+    TierMiss { group: GroupId, segments: Vec<crate::tier::RemoteSegment> },
     #[error("segment log: {0}")]
     Log(#[from] logdex_log::Error),
     #[error("key index: {0}")]

@@ -24,6 +24,7 @@ pub mod partition;
 pub mod service;
 pub mod snapshot;
 pub mod state_machine;
+pub mod tier;
 pub mod types;
 pub mod wire;
 

@@ -20,6 +20,7 @@ use crate::batcher::Batcher;
 use crate::controller::ClusterState;
 use crate::controller::PartitionRecord;
 use crate::controller::ReplicaRecord;
+use crate::controller::TierPolicy;
 use crate::error::Error;
 use crate::error::Result;
 use crate::log_store::RaftLogDb;
@@ -33,6 +34,8 @@ use crate::snapshot::SnapshotStore;
 use crate::state_machine::Controller;
 use crate::state_machine::GroupData;
 use crate::state_machine::GroupStateMachine;
+use crate::tier::RemoteSegment;
+use crate::tier::TierStore;
 use crate::types::CONTROLLER_GROUP;
 use crate::types::GroupId;
 use crate::types::NodeId;
@@ -51,6 +54,8 @@ pub const SNAPSHOT_EVERY_ENTRIES: u64 = 5000;
 pub const MOVE_STEP_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a write or a read waits for its group before answering unavailable.
 pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Tries of a read whose remote segments must be fetched first (tiered storage).
+const TIER_READ_ATTEMPTS: usize = 3;
 
 /// How often follower reads asked a leader for a read index, and how many requests to
 /// leaders that took (concurrent reads of a group share one).
@@ -91,6 +96,9 @@ pub struct NodeConfig {
     pub controller_voters: usize,
     /// Source IP of outgoing node-to-node connections, when set.
     pub rpc_source_ip: Option<std::net::IpAddr>,
+    /// The object store of tiered storage (a directory every node shares, or a `file://`
+    /// URL); topics with `remote.storage.enable=true` copy their sealed segments there.
+    pub tiered_store: Option<String>,
 }
 
 impl NodeConfig {
@@ -160,6 +168,8 @@ struct NodeInner {
     moving: std::sync::Mutex<std::collections::HashSet<GroupId>>,
     forwarders: crate::batcher::Forwarders,
     read_index_stats: ReadIndexStats,
+    /// Tiered storage's object store, when configured.
+    tier_store: Option<TierStore>,
     stop: tokio::sync::watch::Sender<bool>,
 }
 
@@ -191,6 +201,7 @@ impl Node {
             .validate()
             .map_err(|e| Error::Invalid(e.to_string()))?,
         );
+        let tier_store = config.tiered_store.as_deref().map(TierStore::open).transpose()?;
         let raft_log = RaftLogDb::open(&config.data_dir.join("raft"))?;
         let index = Index::open(&config.data_dir.join("index"), config.index.clone())?;
         let pool =
@@ -220,6 +231,7 @@ impl Node {
                 moving: Default::default(),
                 forwarders: Default::default(),
                 read_index_stats: Default::default(),
+                tier_store,
                 stop,
             }),
         })
@@ -451,6 +463,10 @@ impl Node {
             self.groups_read().values().map(|g| (g.group_id, g.replica_id)).collect();
         for (group, replica) in hosted {
             if desired.get(&group).map(|d| d.2) != Some(replica) {
+                if !groups.contains(&group) {
+                    // The topic was deleted: its copies in tiered storage go too.
+                    self.delete_remote_segments(group).await;
+                }
                 self.remove_group(group).await?;
             }
         }
@@ -492,7 +508,13 @@ impl Node {
             }
             let state = self.cluster();
             for g in self.groups() {
-                let Some(policy) = state.topics.get(&g.topic).map(|t| t.cleanup_policy()) else { continue };
+                let Some(topic) = state.topics.get(&g.topic) else { continue };
+                if let (Some(tier), Some(store)) = (topic.tier_policy(), &self.inner.tier_store)
+                    && let Err(e) = self.tier_pass(&g, store, &tier).await
+                {
+                    tracing::warn!(group = g.group_id, error = %e, "tiered storage pass failed; retrying next pass");
+                }
+                let policy = topic.cleanup_policy();
                 let p = g.partition.clone();
                 let last = compacted_at.get(&g.group_id).copied();
                 let outcome = tokio::task::spawn_blocking(move || clean(&p, &policy, last)).await;
@@ -505,6 +527,115 @@ impl Node {
                     Err(e) => tracing::warn!(group = g.group_id, error = %e, "log cleaning task failed"),
                 }
             }
+        }
+    }
+
+    /// Deletes the objects a hosted replica's tiered-storage manifest names (every replica of
+    /// a deleted topic does it; deleting a missing object is fine). Failures are logged: the
+    /// objects stay behind (ARCHITECTURE.md, "Tiered storage").
+    async fn delete_remote_segments(&self, group: GroupId) {
+        let (Some(store), Some(hosted)) = (&self.inner.tier_store, self.group(group)) else { return };
+        for segment in hosted.partition.tier_manifest().segments {
+            if let Err(e) = store.delete(&segment.object).await {
+                tracing::warn!(group, object = %segment.object, error = %e, "cannot delete a deleted topic's object");
+            }
+        }
+    }
+
+    /// Tiered storage of one replica: while it leads, copies sealed segments to the store
+    /// and commits each copy through Raft, then trims remote segments past retention; on
+    /// every replica, deletes local segments the store holds past local retention.
+    async fn tier_pass(&self, g: &HostedGroup, store: &TierStore, policy: &TierPolicy) -> Result<()> {
+        if self.leader_node(g) == Some(self.node_id()) {
+            for segment in g.partition.tier_candidates() {
+                self.tier_upload(g, store, &segment).await?;
+            }
+            self.tier_expire(g, store, policy).await?;
+        }
+        let p = g.partition.clone();
+        let (local_ms, local_bytes) = (policy.local_retention_ms, policy.local_retention_bytes);
+        let now = crate::state_machine::now_ms();
+        let deleted = tokio::task::spawn_blocking(move || p.apply_local_retention(now, local_ms, local_bytes))
+            .await
+            .map_err(Error::unavailable)??;
+        if deleted > 0 {
+            tracing::info!(
+                group = g.group_id,
+                segments = deleted,
+                "local retention deleted segments held in tiered storage"
+            );
+        }
+        Ok(())
+    }
+
+    /// Copies one sealed segment to the store as a new object, then commits it to the
+    /// manifest through Raft. The copy is checked first (opened as a log: every batch's crc,
+    /// and it must end where the segment does), so a damaged local file is never copied.
+    /// An upload whose commit fails leaves an object no manifest names (ARCHITECTURE.md).
+    async fn tier_upload(&self, g: &HostedGroup, store: &TierStore, segment: &logdex_log::SegmentInfo) -> Result<()> {
+        let bytes = tokio::fs::read(&segment.path).await?;
+        let remote = RemoteSegment {
+            base_offset: segment.base_offset,
+            next_offset: segment.next_offset,
+            size_bytes: bytes.len() as u64,
+            crc32c: crc32c::crc32c(&bytes),
+            max_timestamp_ms: segment.max_timestamp_ms,
+            object: crate::tier::object_key(
+                &g.topic,
+                g.partition_no,
+                g.group_id,
+                segment.base_offset,
+                segment.next_offset,
+            ),
+        };
+        let cache = g.partition.tier_cache();
+        cache.fill(&remote, &bytes)?;
+        cache.get(&remote)?.ok_or_else(|| Error::Corrupted(format!("segment {} vanished", remote.object)))?;
+        store.put(&remote.object, bytes::Bytes::from(bytes)).await?;
+        let add = pb::tier_command::Kind::Add(remote.to_pb());
+        self.tier_write(g, add).await?;
+        tracing::info!(
+            group = g.group_id,
+            base_offset = remote.base_offset,
+            next_offset = remote.next_offset,
+            object = %remote.object,
+            "segment copied to tiered storage"
+        );
+        Ok(())
+    }
+
+    /// Trims remote segments past the topic's retention (oldest first, whole segments, by
+    /// newest record age and by the size of the whole log), then deletes their objects.
+    async fn tier_expire(&self, g: &HostedGroup, store: &TierStore, policy: &TierPolicy) -> Result<()> {
+        let manifest = g.partition.tier_manifest();
+        let local_past_remote: u64 = g.partition.tier_candidates().iter().map(|s| s.size_bytes).sum::<u64>();
+        let mut remaining = manifest.size_bytes() + local_past_remote;
+        let now = i64::try_from(crate::state_machine::now_ms()).unwrap_or(i64::MAX);
+        let mut trim_to = None;
+        for s in &manifest.segments {
+            let too_old = policy.retention_ms.is_some_and(|ms| now.saturating_sub(s.max_timestamp_ms) > ms as i64);
+            let too_big = policy.retention_bytes.is_some_and(|limit| remaining - s.size_bytes >= limit);
+            if !(too_old || too_big) {
+                break;
+            }
+            remaining -= s.size_bytes;
+            trim_to = Some(s.next_offset);
+        }
+        let Some(to) = trim_to else { return Ok(()) };
+        self.tier_write(g, pb::tier_command::Kind::TrimTo(to)).await?;
+        for s in manifest.segments.iter().filter(|s| s.next_offset <= to) {
+            store.delete(&s.object).await?;
+        }
+        tracing::info!(group = g.group_id, start_offset = to, "retention trimmed tiered storage");
+        Ok(())
+    }
+
+    async fn tier_write(&self, g: &HostedGroup, kind: pb::tier_command::Kind) -> Result<()> {
+        let command = pb::Command { kind: Some(pb::command::Kind::Tier(pb::TierCommand { kind: Some(kind) })) };
+        match tokio::time::timeout(OPERATION_TIMEOUT, g.raft.client_write(command)).await {
+            Err(_) => Err(Error::Timeout("tiered storage command waiting for commit".into())),
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(Error::unavailable(e)),
         }
     }
 
@@ -641,7 +772,9 @@ impl Node {
             .topics
             .get(topic)
             .map_or_else(|| self.inner.config.log.clone(), |t| t.log_config(&self.inner.config.log));
-        let (partition, applied) = Partition::open(group, replica, &dir, log_config, self.inner.index.clone())?;
+        let store = self.inner.tier_store.clone();
+        let (partition, applied) =
+            Partition::open_with_tier(group, replica, &dir, log_config, self.inner.index.clone(), store)?;
         let partition = Arc::new(partition);
         let snapshots = SnapshotStore::open(dir.join("snapshots"))?;
         let sm = GroupStateMachine::new(GroupData::Partition(partition.clone()), applied, snapshots);
@@ -911,7 +1044,19 @@ impl Node {
         let hosted = self.group(group).ok_or(Error::NotHosted { group })?;
         self.read_barrier(&hosted, mode).await?;
         // The lookup and the high watermark it reports are one consistent snapshot.
-        hosted.partition.read_key_at(key)
+        with_tier(&hosted.partition, || hosted.partition.read_key_at(key)).await
+    }
+
+    /// Records of the hosted replica from `offset` (no read barrier: the caller's), fetching
+    /// remote segments of tiered storage into the cache when the read needs them.
+    pub async fn read_records(
+        &self,
+        hosted: &HostedGroup,
+        offset: u64,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(u64, logdex_log::Record)>> {
+        with_tier(&hosted.partition, || hosted.partition.read_records(offset, max_records, max_bytes)).await
     }
 
     /// This node's view of its groups, for routing and describe.
@@ -1032,6 +1177,23 @@ fn clean(p: &Partition, policy: &crate::controller::CleanupPolicy, last: Option<
         );
     }
     Ok(Some(p.sealed_bytes()))
+}
+
+/// Reads that may find their data in tiered storage: run `read`; when it needs remote
+/// segments that are not cached, fetch them and run it again (a few times, since other reads
+/// may push them out of the bounded cache meanwhile).
+async fn with_tier<T>(partition: &Partition, mut read: impl FnMut() -> Result<T>) -> Result<T> {
+    for _ in 0..TIER_READ_ATTEMPTS {
+        match read() {
+            Err(Error::TierMiss { segments, .. }) => {
+                for segment in &segments {
+                    partition.tier_cache().fetch(segment).await?;
+                }
+            }
+            other => return other,
+        }
+    }
+    read()
 }
 
 /// Proposes `records` as one entry on `raft` and returns the offset of the first.

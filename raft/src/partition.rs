@@ -21,6 +21,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::RwLock;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
@@ -38,6 +39,11 @@ use serde::Serialize;
 
 use crate::error::Error;
 use crate::error::Result;
+use crate::pb;
+use crate::tier::Manifest;
+use crate::tier::RemoteSegment;
+use crate::tier::TierCache;
+use crate::tier::TierStore;
 use crate::types::GroupId;
 use crate::types::LogId;
 use crate::types::ReplicaId;
@@ -90,8 +96,17 @@ pub struct Partition {
     /// While the high watermark is below this, the index may hold entries of
     /// records not yet re-applied to the log: lookups are refused (0: none).
     reapply_until: AtomicU64,
+    /// Segments copied to the object store (tiered storage) and the cache reads of them use.
+    tier: Tier,
     /// Counters for metrics.
     pub counters: Counters,
+}
+
+/// A replica's view of its tiered storage.
+struct Tier {
+    /// Changed only by applied `TierCommand`s and snapshot installs, saved before it changes.
+    manifest: RwLock<Manifest>,
+    cache: TierCache,
 }
 
 /// Monotonic counters of one replica's background work, for metrics.
@@ -144,12 +159,27 @@ impl Partition {
         log_config: LogConfig,
         index: Index,
     ) -> Result<(Partition, AppliedState)> {
+        Partition::open_with_tier(group, replica, dir, log_config, index, None)
+    }
+
+    /// [`Partition::open`] with the node's object store, for topics with tiered storage.
+    pub fn open_with_tier(
+        group: GroupId,
+        replica: ReplicaId,
+        dir: &Path,
+        log_config: LogConfig,
+        index: Index,
+        store: Option<TierStore>,
+    ) -> Result<(Partition, AppliedState)> {
         std::fs::create_dir_all(dir)?;
+        let cache = TierCache::new(dir.join(crate::tier::CACHE_DIR), store);
         if let Some(snapshot) = read_install_intent(dir)? {
             tracing::info!(group, replica, snapshot = %snapshot.display(), "finishing an interrupted snapshot install");
-            let (log, state) = install_files(replica, dir, &log_config, &index, &snapshot)?;
-            return Ok((Partition::from_parts(group, replica, dir, log_config, log, index), state));
+            let (log, state, manifest) = install_files(replica, dir, &log_config, &index, &snapshot, &cache)?;
+            let tier = Tier { manifest: RwLock::new(manifest), cache };
+            return Ok((Partition::from_parts(group, replica, dir, log_config, log, index, tier), state));
         }
+        let manifest = Manifest::load(dir)?;
         let mut log = Log::open(&dir.join("log"), log_config.clone())?;
         let marker = index.applied(replica)?;
         let mut reapply_until = read_json::<Reapply>(&dir.join(REAPPLY_FILE))?.map_or(0, |r| r.index_next_offset);
@@ -181,14 +211,15 @@ impl Partition {
                 tracing::warn!(group, replica, "segment log without index state; rebuilding the index from the log");
                 let point = recovery_point(group, replica, dir, &log)?;
                 cut_log(&mut log, point.next_offset)?;
-                rebuild_index(replica, &log, &index, &point)?;
+                rebuild_index(replica, &log, &index, &point, &manifest, &cache)?;
                 reapply_until = 0;
                 remove_file_durably(dir, REAPPLY_FILE)?;
                 AppliedState::decode(&point.state)?
             }
             None => AppliedState::default(),
         };
-        let partition = Partition::from_parts(group, replica, dir, log_config, log, index);
+        let tier = Tier { manifest: RwLock::new(manifest), cache };
+        let partition = Partition::from_parts(group, replica, dir, log_config, log, index, tier);
         partition.reapply_until.store(reapply_until, Ordering::Release);
         Ok((partition, state))
     }
@@ -200,6 +231,7 @@ impl Partition {
         log_config: LogConfig,
         log: Log,
         index: Index,
+        tier: Tier,
     ) -> Partition {
         let hw = log.next_offset();
         Partition {
@@ -212,6 +244,7 @@ impl Partition {
             high_watermark: AtomicU64::new(hw),
             visibility: RwLock::new(()),
             reapply_until: AtomicU64::new(0),
+            tier,
             counters: Counters::default(),
         }
     }
@@ -231,6 +264,7 @@ impl Partition {
             log.checkpoint(&staged.join("log"))?;
             log.next_offset()
         };
+        self.manifest().save(staged)?;
         let snapshot_state = Checkpoint { state: state.encode(), next_offset };
         self.counters.snapshots_built.fetch_add(1, Ordering::Relaxed);
         write_file_durably(staged, SNAPSHOT_STATE_FILE, &serde_json::to_vec(&snapshot_state).unwrap_or_default())
@@ -272,7 +306,9 @@ impl Partition {
         write_file_durably(&self.dir, INSTALL_FILE, &serde_json::to_vec(snapshot_dir).unwrap_or_default())?;
         let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
         let _visible = self.visibility.write().map_err(|_| Error::Corrupted("visibility lock poisoned".into()))?;
-        let (new_log, state) = install_files(self.replica, &self.dir, &self.log_config, &self.index, snapshot_dir)?;
+        let (new_log, state, manifest) =
+            install_files(self.replica, &self.dir, &self.log_config, &self.index, snapshot_dir, &self.tier.cache)?;
+        *self.tier.manifest.write().map_err(|_| Error::Corrupted("tier manifest lock poisoned".into()))? = manifest;
         self.high_watermark.store(new_log.next_offset(), Ordering::Release);
         self.reapply_until.store(0, Ordering::Release);
         *log = new_log;
@@ -285,8 +321,29 @@ impl Partition {
         self.high_watermark.load(Ordering::Acquire)
     }
 
+    /// The first offset still readable: in the object store when tiered storage holds
+    /// segments older than the local log's start, else the local log's start.
     pub fn log_start_offset(&self) -> Offset {
-        self.log.read().map(|l| l.start_offset()).unwrap_or(0)
+        let local = self.log.read().map(|l| l.start_offset()).unwrap_or(0);
+        self.logical_start(local)
+    }
+
+    fn logical_start(&self, local_start: Offset) -> Offset {
+        self.manifest().start_offset().filter(|s| *s < local_start).unwrap_or(local_start)
+    }
+
+    fn manifest(&self) -> std::sync::RwLockReadGuard<'_, Manifest> {
+        self.tier.manifest.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A copy of the tiered-storage manifest.
+    pub fn tier_manifest(&self) -> Manifest {
+        self.manifest().clone()
+    }
+
+    /// The cache of remote segments (fetches go through it).
+    pub fn tier_cache(&self) -> &TierCache {
+        &self.tier.cache
     }
 
     pub fn size_bytes(&self) -> u64 {
@@ -427,10 +484,16 @@ impl Partition {
             Lookup::Evicted(offset) => Ok(KeyRead::Evicted { offset }),
             Lookup::Found(offset) => {
                 let log = self.log.read().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
-                if offset < log.start_offset() {
-                    return Ok(KeyRead::Evicted { offset });
-                }
-                match log.read_record(offset)? {
+                let found = if offset < log.start_offset() {
+                    drop(log);
+                    let Some(remote) = self.remote_log_for(offset)? else {
+                        return Ok(KeyRead::Evicted { offset });
+                    };
+                    remote.read_record(offset)?
+                } else {
+                    log.read_record(offset)?
+                };
+                match found {
                     Some((found, record)) if found == offset && record.key.as_deref() == Some(key) => {
                         Ok(KeyRead::Found { offset, record })
                     }
@@ -449,19 +512,143 @@ impl Partition {
         }
     }
 
+    /// The cached remote segment covering `offset`: `None` when no remote segment covers
+    /// it, [`Error::TierMiss`] when one does but is not cached yet.
+    fn remote_log_for(&self, offset: Offset) -> Result<Option<Arc<Log>>> {
+        let Some(segment) = self.manifest().segment_from(offset).filter(|s| s.covers(offset)).cloned() else {
+            return Ok(None);
+        };
+        match self.tier.cache.get(&segment)? {
+            Some(log) => Ok(Some(log)),
+            None => Err(Error::TierMiss { group: self.group, segments: vec![segment] }),
+        }
+    }
+
     /// Records from `offset`, never beyond the high watermark.
+    /// Below the local log's start they come from tiered storage ([`Error::TierMiss`] when
+    /// the remote segment is not cached yet), one remote segment per answer.
     pub fn read_records(&self, offset: Offset, max_records: usize, max_bytes: usize) -> Result<Vec<(Offset, Record)>> {
         let hw = self.high_watermark();
         let log = self.log.read().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
+        let local_start = log.start_offset();
         // Below the log start (retention moved it) the fetch starts at the first
         // readable record, which the answer's offsets make visible.
-        let offset = offset.max(log.start_offset());
+        let mut offset = offset.max(self.logical_start(local_start));
+        if offset >= hw {
+            return Ok(Vec::new());
+        }
+        if offset < local_start {
+            drop(log);
+            // Remote segments in order from `offset`; a gap retention left is skipped.
+            while offset < local_start {
+                let Some(segment) = self.manifest().segment_from(offset).cloned() else { break };
+                if segment.base_offset >= local_start {
+                    break;
+                }
+                offset = offset.max(segment.base_offset);
+                let remote = self
+                    .tier
+                    .cache
+                    .get(&segment)?
+                    .ok_or_else(|| Error::TierMiss { group: self.group, segments: vec![segment.clone()] })?;
+                let mut records = remote.read_records(offset, max_records, max_bytes)?;
+                records.retain(|(o, _)| *o < hw && *o < segment.next_offset);
+                if !records.is_empty() {
+                    return Ok(records);
+                }
+                offset = segment.next_offset;
+            }
+            let log = self.log.read().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
+            return Self::read_local(&log, offset.max(log.start_offset()), hw, max_records, max_bytes);
+        }
+        Self::read_local(&log, offset, hw, max_records, max_bytes)
+    }
+
+    fn read_local(
+        log: &Log,
+        offset: Offset,
+        hw: Offset,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(Offset, Record)>> {
         if offset >= hw {
             return Ok(Vec::new());
         }
         let mut records = log.read_records(offset, max_records, max_bytes)?;
         records.retain(|(o, _)| *o < hw);
         Ok(records)
+    }
+
+    /// Applies a committed tiered-storage command: records a copied segment, or trims
+    /// remote segments past retention (their cached copies go, and the index's cleanup
+    /// watermark follows the new start). The manifest is saved before it changes here, so
+    /// an applied command survives a crash.
+    pub fn apply_tier(&self, command: &pb::TierCommand) -> Result<()> {
+        let mut manifest =
+            self.tier.manifest.write().map_err(|_| Error::Corrupted("tier manifest lock poisoned".into()))?;
+        match &command.kind {
+            Some(pb::tier_command::Kind::Add(segment)) => {
+                let mut next = manifest.clone();
+                if next.add(RemoteSegment::from_pb(segment)) {
+                    next.save(&self.dir)?;
+                    *manifest = next;
+                }
+            }
+            Some(pb::tier_command::Kind::TrimTo(to)) => {
+                let mut next = manifest.clone();
+                let trimmed = next.trim(*to);
+                if !trimmed.is_empty() {
+                    next.save(&self.dir)?;
+                    *manifest = next;
+                    drop(manifest);
+                    self.tier.cache.forget_below(*to, &trimmed)?;
+                    let start = self.log_start_offset();
+                    if start > 0 {
+                        self.index.set_watermark(self.replica, start)?;
+                    }
+                }
+            }
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// Sealed local segments the manifest does not reach yet, oldest first: what the
+    /// leader copies next. Only offsets below the high watermark (all applied, so all
+    /// committed).
+    pub fn tier_candidates(&self) -> Vec<logdex_log::SegmentInfo> {
+        let end = self.manifest().end_offset();
+        let hw = self.high_watermark();
+        let Ok(log) = self.log.read() else { return Vec::new() };
+        log.segments()
+            .into_iter()
+            .filter(|s| s.sealed && s.size_bytes > 0 && s.next_offset <= hw && end.is_none_or(|e| s.next_offset > e))
+            .collect()
+    }
+
+    /// Local retention of a tiered topic: deletes local sealed segments, oldest first, that
+    /// remote segments cover whole, while the oldest is older than `local_ms` (by its newest
+    /// record) or the local log without it still holds `local_bytes`. Returns how many went.
+    pub fn apply_local_retention(&self, now_ms: u64, local_ms: Option<u64>, local_bytes: Option<u64>) -> Result<usize> {
+        let manifest = self.manifest().clone();
+        let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
+        let now = i64::try_from(now_ms).unwrap_or(i64::MAX);
+        let mut deleted = 0;
+        loop {
+            let segments = log.segments();
+            let Some(first) = segments.first().filter(|s| s.sealed && segments.len() > 1) else { break };
+            if !manifest.covers_range(first.base_offset, first.next_offset) {
+                break;
+            }
+            let too_old = local_ms.is_some_and(|ms| now.saturating_sub(first.max_timestamp_ms) > ms as i64);
+            let too_big = local_bytes.is_some_and(|limit| log.size_bytes() - first.size_bytes >= limit);
+            if !(too_old || too_big) {
+                break;
+            }
+            log.delete_oldest_sealed()?;
+            deleted += 1;
+        }
+        Ok(deleted)
     }
 
     /// Applies a topic config change to the segment log (segment size and age, retention).
@@ -503,6 +690,7 @@ impl Partition {
             let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
             log.apply_retention(now_ms)?
         };
+        let start = self.logical_start(start);
         if start > 0 {
             self.index.set_watermark(self.replica, start)?;
         }
@@ -552,7 +740,8 @@ fn install_files(
     log_config: &LogConfig,
     index: &Index,
     snapshot_dir: &Path,
-) -> Result<(Log, AppliedState)> {
+    cache: &TierCache,
+) -> Result<(Log, AppliedState, Manifest)> {
     let bytes = std::fs::read(snapshot_dir.join(SNAPSHOT_STATE_FILE))?;
     let snapshot: Checkpoint = serde_json::from_slice(&bytes)
         .map_err(|e| Error::Corrupted(format!("snapshot state in {}: {e}", snapshot_dir.display())))?;
@@ -569,15 +758,12 @@ fn install_files(
             snapshot.next_offset
         )));
     }
+    // The snapshot's manifest replaces this replica's (a snapshot without one: no remote
+    // segments), before the index is rebuilt from the remote and the local segments.
+    let manifest = Manifest::load(snapshot_dir)?;
+    manifest.save(dir)?;
     let marker = AppliedMarker { state: snapshot.state.clone(), next_offset: snapshot.next_offset };
-    let keyed = log.scan(log.start_offset()).filter_map(|r| match r {
-        Ok((offset, record)) => {
-            let tombstone = record.value.is_none();
-            record.key.map(|key| Ok((key, offset, tombstone)))
-        }
-        Err(e) => Some(Err(e)),
-    });
-    let keys = index.rebuild(replica, keyed, &marker)??;
+    let keys = index.rebuild(replica, keyed_records(&log, &manifest, cache), &marker)??;
     index.persist()?;
     write_file_durably(dir, CHECKPOINT_FILE, &bytes)?;
     remove_file_durably(dir, REAPPLY_FILE)?;
@@ -587,7 +773,7 @@ fn install_files(
         Err(e) => return Err(e.into()),
     }
     tracing::info!(replica, keys, next_offset = snapshot.next_offset, "snapshot installed; index rebuilt from the log");
-    Ok((log, AppliedState::decode(&snapshot.state)?))
+    Ok((log, AppliedState::decode(&snapshot.state)?, manifest))
 }
 
 /// The latest point whose applied state is known that the log still holds:
@@ -629,18 +815,85 @@ fn cut_log(log: &mut Log, next_offset: Offset) -> Result<()> {
 }
 
 /// Rebuilds the replica's index from the whole log, with `point` as its applied marker.
-fn rebuild_index(replica: ReplicaId, log: &Log, index: &Index, point: &Checkpoint) -> Result<()> {
+fn rebuild_index(
+    replica: ReplicaId,
+    log: &Log,
+    index: &Index,
+    point: &Checkpoint,
+    manifest: &Manifest,
+    cache: &TierCache,
+) -> Result<()> {
     let marker = AppliedMarker { state: point.state.clone(), next_offset: point.next_offset };
-    // Records without a key are not indexed.
-    let keyed = log.scan(log.start_offset()).filter_map(|r| match r {
+    index.rebuild(replica, keyed_records(log, manifest, cache), &marker)??;
+    Ok(())
+}
+
+/// Every keyed record of the replica in offset order, as the index rebuild takes them: first
+/// those only remote segments hold (below the local log's start; fetched when not cached,
+/// blocking the thread), then the local log's. Records without a key are not indexed.
+fn keyed_records<'a>(
+    log: &'a Log,
+    manifest: &Manifest,
+    cache: &'a TierCache,
+) -> impl Iterator<Item = Result<(Vec<u8>, Offset, bool)>> + 'a {
+    let local_start = log.start_offset();
+    let remote: Vec<RemoteSegment> =
+        manifest.segments.iter().filter(|s| s.base_offset < local_start).cloned().collect();
+    let mut segments = remote.into_iter();
+    // The segment being read, where to read next in it and where it stops being needed.
+    let mut current: Option<(Arc<Log>, Offset, Offset)> = None;
+    // Offsets below this were yielded (overlapping segments hold some offsets twice).
+    let mut yielded_until: Offset = 0;
+    let mut buffered = std::collections::VecDeque::new();
+    let mut failed = false;
+    let remote_records = std::iter::from_fn(move || {
+        loop {
+            if failed {
+                return None;
+            }
+            if let Some(item) = buffered.pop_front() {
+                return Some(Ok(item));
+            }
+            if let Some((remote, next, end)) = &mut current {
+                if *next < *end {
+                    match remote.read_records(*next, 4096, 1 << 20) {
+                        Ok(records) if !records.is_empty() => {
+                            *next = records.last().map_or(*end, |(o, _)| o + 1);
+                            let (from, end) = (yielded_until, *end);
+                            buffered.extend(records.into_iter().filter(|(o, _)| (from..end).contains(o)));
+                            yielded_until = yielded_until.max((*next).min(end));
+                            continue;
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            failed = true;
+                            return Some(Err(Error::from(e)));
+                        }
+                    }
+                }
+                current = None;
+            }
+            let segment = segments.next()?;
+            match cache.get_or_fetch_blocking(&segment) {
+                Ok(remote) => {
+                    let from = segment.base_offset.max(yielded_until);
+                    current = Some((remote, from, segment.next_offset.min(local_start)));
+                }
+                Err(e) => {
+                    failed = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+    });
+    let local = log.scan(local_start).map(|r| r.map_err(Error::from));
+    remote_records.chain(local).filter_map(|r| match r {
         Ok((offset, record)) => {
             let tombstone = record.value.is_none();
             record.key.map(|key| Ok((key, offset, tombstone)))
         }
         Err(e) => Some(Err(e)),
-    });
-    index.rebuild(replica, keyed, &marker)??;
-    Ok(())
+    })
 }
 
 /// A JSON file, `None` when it does not exist.

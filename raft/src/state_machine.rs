@@ -123,6 +123,11 @@ impl GroupStateMachine {
                     batch_owner.push(Some(batches.len()));
                     batches.push(std::mem::take(&mut p.batch));
                 }
+                EntryPayload::Normal(pb::Command { kind: Some(pb::command::Kind::Tier(t)) }) => {
+                    // Refers to segments applied in earlier entries; idempotent when re-applied.
+                    partition.apply_tier(t).map_err(to_io)?;
+                    batch_owner.push(None);
+                }
                 EntryPayload::Membership(m) => {
                     crash_point_apply_membership();
                     self.state.membership = StoredMembership::new(Some(entry.log_id), m.clone());

@@ -52,6 +52,7 @@ impl fmt::Display for pb::Command {
         match &self.kind {
             Some(pb::command::Kind::Produce(p)) => write!(f, "produce({} bytes)", p.batch.len()),
             Some(pb::command::Kind::Controller(c)) => write!(f, "controller({:?})", c.kind),
+            Some(pb::command::Kind::Tier(t)) => write!(f, "tier({:?})", t.kind),
             None => write!(f, "empty"),
         }
     }

@@ -171,6 +171,7 @@ impl Scenario {
             snapshot_every: self.snapshot_every,
             fsync_trace: matches!(self.faults, Faults::PowerLoss | Faults::Mixed),
             seed,
+            ..ClusterOptions::default()
         }
     }
 }

@@ -1,0 +1,219 @@
+//! Tiered storage end to end, over real processes: a topic with `remote.storage.enable=true`
+//! and `local.retention.ms=0` copies its sealed segments to the shared object store and every
+//! replica deletes its local copies; lookups and fetches from every node still answer every
+//! record (read back from the store), after a kill -9 too; a replica that joins through a
+//! partition move builds its index from the remote segments; retention then trims the
+//! remote segments and their objects, and their keys answer 410; deleting the topic deletes
+//! its objects.
+
+use std::path::Path;
+use std::time::Duration;
+use std::time::Instant;
+
+use logdex_cluster_tests::Cluster;
+use logdex_cluster_tests::ClusterOptions;
+use logdex_cluster_tests::Error;
+use logdex_cluster_tests::Read;
+use logdex_cluster_tests::Result;
+use logdex_cluster_tests::TopicSpec;
+use logdex_cluster_tests::client::Body;
+use logdex_cluster_tests::ensure;
+use logdex_cluster_tests::ensure_eq;
+use serde_json::Value;
+use serde_json::json;
+
+const TOPIC: &str = "tiered";
+const KEYS: usize = 240;
+/// Keys written a second time at the end (their lookups must answer the second value).
+const REWRITTEN: usize = 10;
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn value(k: usize, version: u32) -> String {
+    format!("v{version}-{k}-{}", "x".repeat(60))
+}
+
+fn tiered_spec() -> TopicSpec {
+    let mut spec = TopicSpec::compacted(TOPIC, 1, 3);
+    for (k, v) in [
+        ("cleanup.policy", "delete"),
+        ("remote.storage.enable", "true"),
+        ("local.retention.ms", "0"),
+        ("segment.bytes", "1024"),
+    ] {
+        spec.config.insert(k.into(), Value::String(v.into()));
+    }
+    spec
+}
+
+/// Files named `*.log` under `dir`, at any depth.
+fn log_files(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| {
+            let path = e.path();
+            if path.is_dir() { log_files(&path) } else { usize::from(path.extension().is_some_and(|x| x == "log")) }
+        })
+        .sum()
+}
+
+/// Segment files in node `id`'s own logs (its cache of remote segments not counted).
+fn local_segments(cluster: &Cluster, id: u64) -> usize {
+    let partitions = cluster.data_dir(id).join("partitions");
+    let Ok(entries) = std::fs::read_dir(&partitions) else { return 0 };
+    entries.flatten().map(|e| log_files(&e.path().join("log"))).sum()
+}
+
+async fn wait_until(what: &str, mut done: impl AsyncFnMut() -> Result<bool>) -> Result<()> {
+    let deadline = Instant::now() + DEADLINE;
+    while !done().await? {
+        ensure!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// Every key answers its latest value from node `id`.
+async fn check_lookups(cluster: &Cluster, id: u64, read: &Read) -> Result<()> {
+    let api = cluster.api();
+    for k in 0..KEYS {
+        let reply = api.get(&cluster.url(id), TOPIC, format!("k-{k}").as_bytes(), read).await?;
+        reply.expect_status(200)?;
+        let version = if k < REWRITTEN { 2 } else { 1 };
+        ensure_eq!(reply.text(), value(k, version), "node {id}, key k-{k}");
+    }
+    Ok(())
+}
+
+/// A fetch from offset 0 through node `id` returns every record, offsets dense, in order.
+async fn check_fetch(cluster: &Cluster, id: u64, records: u64) -> Result<()> {
+    let mut offset = 0;
+    while offset < records {
+        let reply = cluster.api().fetch(&cluster.url(id), TOPIC, 0, offset, 50).await?;
+        reply.expect_status(200)?;
+        let body: Value = reply.json()?;
+        let got = body["records"].as_array().ok_or_else(|| Error::Check(format!("no records: {body}")))?;
+        ensure!(!got.is_empty(), "node {id}: empty fetch at offset {offset} of {records}: {body}");
+        for r in got {
+            ensure_eq!(r["offset"].as_u64(), Some(offset), "node {id}: fetch offsets are dense");
+            offset += 1;
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiered_segments_serve_every_lookup_and_fetch_after_local_copies_are_gone() -> Result<()> {
+    let options = ClusterOptions {
+        spare_nodes: 1,
+        tiered_store: true,
+        cleaner_interval_ms: Some(200),
+        snapshot_every: Some(40),
+        ..ClusterOptions::plain(3)
+    };
+    let mut cluster = Cluster::start_with(options).await?;
+    let outcome = scenario(&mut cluster).await;
+    cluster.finish(outcome)
+}
+
+async fn scenario(cluster: &mut Cluster) -> Result<()> {
+    let api = cluster.api().clone();
+    let mut compacted = tiered_spec();
+    compacted.config.insert("cleanup.policy".into(), Value::String("compact".into()));
+    api.create_topic(&cluster.url(1), &compacted).await?.expect_error(400, "invalid_config")?;
+    api.create_topic(&cluster.url(1), &tiered_spec()).await?.expect_status(201)?;
+    cluster.wait_for_leaders(TOPIC, Duration::from_secs(20)).await?;
+    for k in 0..KEYS {
+        api.put(&cluster.url(1), TOPIC, format!("k-{k}").as_bytes(), value(k, 1).as_bytes())
+            .await?
+            .expect_status(200)?;
+    }
+    for k in 0..REWRITTEN {
+        api.put(&cluster.url(2), TOPIC, format!("k-{k}").as_bytes(), value(k, 2).as_bytes())
+            .await?
+            .expect_status(200)?;
+    }
+    let records = (KEYS + REWRITTEN) as u64;
+
+    // Copied to the store, and deleted locally on every replica.
+    wait_until("segments are in the store and gone from every replica's disk", async || {
+        let local: Vec<usize> = [1, 2, 3].iter().map(|id| local_segments(cluster, *id)).collect();
+        Ok(log_files(&cluster.tiered_dir()) >= 10 && local.iter().all(|n| *n <= 2))
+    })
+    .await?;
+    let d = cluster.describe(TOPIC).await?;
+    ensure_eq!(d.partition(0)?.log_start_offset, 0, "the log still starts at 0: {d:?}");
+
+    for id in [1, 2, 3] {
+        check_lookups(cluster, id, &Read::follower()).await?;
+        check_fetch(cluster, id, records).await?;
+    }
+
+    // A replica killed with -9 serves the remote segments again after its restart.
+    cluster.kill(3)?;
+    cluster.restart(3).await?;
+    cluster.wait_for_leaders(TOPIC, Duration::from_secs(20)).await?;
+    check_lookups(cluster, 3, &Read::linearizable()).await?;
+
+    // A replica that joins through a move gets the manifest with its snapshot and builds its
+    // index from the remote segments.
+    cluster.start_spare(4).await?;
+    let target = vec![1u64, 2, 4];
+    let moved = api
+        .request(
+            reqwest::Method::PUT,
+            &format!("{}/topics/{TOPIC}/partitions/0/replicas", cluster.url(1)),
+            Some(Body::Json(json!({ "replicas": target }))),
+        )
+        .await?;
+    ensure!(moved.status == 202 || moved.status == 200, "move answered {}", moved.summary());
+    wait_until("the move to node 4 completes", async || {
+        let d: Value = api.describe(&cluster.url(1), TOPIC).await?.json()?;
+        let p = &d["partitions"][0];
+        let replicas: Vec<u64> = p["replicas"].as_array().into_iter().flatten().filter_map(Value::as_u64).collect();
+        Ok(p.get("move").is_none() && replicas == target)
+    })
+    .await?;
+    check_lookups(cluster, 4, &Read::linearizable()).await?;
+    check_fetch(cluster, 4, records).await?;
+
+    // Retention trims the remote segments, their objects go, their keys answer 410.
+    let objects = log_files(&cluster.tiered_dir());
+    api.request(
+        reqwest::Method::POST,
+        &format!("{}/topics/{TOPIC}/config", cluster.url(1)),
+        Some(Body::Json(json!({ "config": { "retention.ms": "1" } }))),
+    )
+    .await?
+    .expect_status(200)?;
+    wait_until("retention trims the remote segments", async || {
+        let d = cluster.describe(TOPIC).await?;
+        Ok(d.partition(0)?.log_start_offset > 0 && log_files(&cluster.tiered_dir()) < objects)
+    })
+    .await?;
+    let old = format!("k-{}", REWRITTEN + 1);
+    for id in [1, 2, 4] {
+        let reply = api.get(&cluster.url(id), TOPIC, old.as_bytes(), &Read::linearizable()).await?;
+        ensure_eq!(reply.status, 410, "node {id}, key {old} past retention: {}", reply.summary());
+    }
+
+    // Deleting the topic deletes its objects.
+    api.request(
+        reqwest::Method::POST,
+        &format!("{}/topics/{TOPIC}/config", cluster.url(1)),
+        Some(Body::Json(json!({ "config": { "retention.ms": "-1" } }))),
+    )
+    .await?
+    .expect_status(200)?;
+    for k in 0..KEYS / 4 {
+        api.put(&cluster.url(1), TOPIC, format!("n-{k}").as_bytes(), value(k, 3).as_bytes())
+            .await?
+            .expect_status(200)?;
+    }
+    wait_until("new segments are copied", async || Ok(log_files(&cluster.tiered_dir()) > 0)).await?;
+    api.request(reqwest::Method::DELETE, &format!("{}/topics/{TOPIC}", cluster.url(1)), None)
+        .await?
+        .expect_status(200)?;
+    wait_until("the deleted topic's objects are gone", async || Ok(log_files(&cluster.tiered_dir()) == 0)).await?;
+    Ok(())
+}

@@ -1,0 +1,559 @@
+//! Tiered storage (ARCHITECTURE.md, "Tiered storage"): a partition's sealed segments
+//! copied to an object store, the manifest of what was copied, and the local cache that
+//! reads of copied segments go through.
+//!
+//! To ensure nothing acknowledged is lost and every replica agrees:
+//! - The leader copies a sealed segment whole, as a new object (a fresh name per upload,
+//!   so nothing a manifest names is ever overwritten), and only then commits a `TierCommand`
+//!   `add` through Raft. The entry is the commit point: every replica records the segment
+//!   in its manifest (`tier.json`, written durably) when it applies the entry.
+//! - A replica deletes its local copy of a segment only once its manifest covers it.
+//! - A copied segment is read from the cache, fetched first when it is not there; an object
+//!   is used only when its size and CRC-32C match the manifest, and its batches are checked
+//!   again when the cached copy is opened (the segment log's own recovery scan).
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use logdex_log::Log;
+use logdex_log::LogConfig;
+use logdex_log::Offset;
+use object_store::ObjectStore;
+use object_store::ObjectStoreExt;
+use object_store::path::Path as ObjectPath;
+use serde::Deserialize;
+use serde::Serialize;
+
+use crate::error::Error;
+use crate::error::Result;
+use crate::pb;
+
+/// The manifest file in a partition directory (and in a snapshot).
+pub const MANIFEST_FILE: &str = "tier.json";
+/// Version of the manifest file format (raft/FORMAT.md, "Tier manifest").
+pub const MANIFEST_VERSION: u8 = 1;
+/// Directory of the partition holding fetched copies of remote segments.
+pub const CACHE_DIR: &str = "tier-cache";
+/// Remote segments kept in a replica's cache (open and on disk); older ones are dropped.
+pub const CACHED_SEGMENTS_MAX: usize = 4;
+
+/// A segment in the object store, as the manifest records it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteSegment {
+    pub base_offset: Offset,
+    /// End (exclusive) of the offsets the segment covers.
+    pub next_offset: Offset,
+    pub size_bytes: u64,
+    /// CRC-32C of the whole object.
+    pub crc32c: u32,
+    /// Largest record timestamp in the segment, for retention.
+    pub max_timestamp_ms: i64,
+    /// Object key in the store.
+    pub object: String,
+}
+
+impl RemoteSegment {
+    pub fn to_pb(&self) -> pb::RemoteSegment {
+        pb::RemoteSegment {
+            base_offset: self.base_offset,
+            next_offset: self.next_offset,
+            size_bytes: self.size_bytes,
+            crc32c: self.crc32c,
+            max_timestamp_ms: self.max_timestamp_ms,
+            object: self.object.clone(),
+        }
+    }
+
+    pub fn from_pb(p: &pb::RemoteSegment) -> RemoteSegment {
+        RemoteSegment {
+            base_offset: p.base_offset,
+            next_offset: p.next_offset,
+            size_bytes: p.size_bytes,
+            crc32c: p.crc32c,
+            max_timestamp_ms: p.max_timestamp_ms,
+            object: p.object.clone(),
+        }
+    }
+
+    /// Whether `offset` is in the range this segment covers.
+    pub fn covers(&self, offset: Offset) -> bool {
+        (self.base_offset..self.next_offset).contains(&offset)
+    }
+}
+
+/// The remote segments of one partition replica, oldest first, not overlapping (gaps are
+/// offsets retention removed before they were copied).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub version: u8,
+    pub segments: Vec<RemoteSegment>,
+}
+
+impl Default for Manifest {
+    fn default() -> Manifest {
+        Manifest { version: MANIFEST_VERSION, segments: Vec::new() }
+    }
+}
+
+impl Manifest {
+    /// The manifest in `dir`; empty when there is none.
+    pub fn load(dir: &Path) -> Result<Manifest> {
+        let path = dir.join(MANIFEST_FILE);
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Manifest::default()),
+            Err(e) => return Err(e.into()),
+        };
+        let manifest: Manifest =
+            serde_json::from_slice(&bytes).map_err(|e| Error::Corrupted(format!("{}: {e}", path.display())))?;
+        if manifest.version != MANIFEST_VERSION {
+            return Err(Error::Corrupted(format!(
+                "{}: tier manifest version {} (this build reads {MANIFEST_VERSION})",
+                path.display(),
+                manifest.version
+            )));
+        }
+        Ok(manifest)
+    }
+
+    /// Writes the manifest into `dir` durably (old or new bytes after a crash).
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let bytes = serde_json::to_vec(self).map_err(|e| Error::Corrupted(format!("tier manifest: {e}")))?;
+        crate::partition::write_file_durably(dir, MANIFEST_FILE, &bytes)
+    }
+
+    /// First offset a remote segment covers.
+    pub fn start_offset(&self) -> Option<Offset> {
+        self.segments.first().map(|s| s.base_offset)
+    }
+
+    /// End (exclusive) of the last remote segment.
+    pub fn end_offset(&self) -> Option<Offset> {
+        self.segments.last().map(|s| s.next_offset)
+    }
+
+    /// The first remote segment that ends after `offset`: the one covering it, or the next
+    /// one when `offset` falls in a gap.
+    pub fn segment_from(&self, offset: Offset) -> Option<&RemoteSegment> {
+        let i = self.segments.partition_point(|s| s.next_offset <= offset);
+        self.segments.get(i)
+    }
+
+    /// Records a copied segment. Refused (false) when it is empty or adds no offset past the
+    /// manifest's end (an upload committed twice). It may overlap the last segment: replicas
+    /// roll their segments at different offsets, so a new leader's next segment can start
+    /// inside one its predecessor copied.
+    pub fn add(&mut self, segment: RemoteSegment) -> bool {
+        if segment.next_offset <= segment.base_offset || self.end_offset().is_some_and(|e| segment.next_offset <= e) {
+            return false;
+        }
+        self.segments.push(segment);
+        true
+    }
+
+    /// Whether remote segments cover every offset of `[from, to)` (no gap).
+    pub fn covers_range(&self, from: Offset, to: Offset) -> bool {
+        let mut at = from;
+        let i = self.segments.partition_point(|s| s.next_offset <= from);
+        for s in &self.segments[i..] {
+            if at >= to {
+                break;
+            }
+            if s.base_offset > at {
+                return false;
+            }
+            at = at.max(s.next_offset);
+        }
+        at >= to
+    }
+
+    /// Removes the segments ending at or before `to` and returns them.
+    pub fn trim(&mut self, to: Offset) -> Vec<RemoteSegment> {
+        let keep = self.segments.partition_point(|s| s.next_offset <= to);
+        self.segments.drain(..keep).collect()
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.segments.iter().map(|s| s.size_bytes).sum()
+    }
+}
+
+/// The object store of a node: a local directory (`file://` URL or a plain path) through
+/// the `object_store` crate. Writes are fsynced before they are reported done.
+#[derive(Clone)]
+pub struct TierStore {
+    store: Arc<dyn ObjectStore>,
+    location: String,
+}
+
+impl std::fmt::Debug for TierStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TierStore").field("location", &self.location).finish()
+    }
+}
+
+fn store_error(e: object_store::Error) -> Error {
+    Error::Unavailable(format!("object store: {e}"))
+}
+
+impl TierStore {
+    /// Opens the store at `location`: `file:///absolute/dir` or a directory path (created
+    /// when missing). Other URL schemes are refused with the reason.
+    pub fn open(location: &str) -> Result<TierStore> {
+        let dir = match location.strip_prefix("file://") {
+            Some(path) => path,
+            None if location.contains("://") => {
+                return Err(Error::Invalid(format!(
+                    "tiered store {location:?}: this build supports local directories (file:///dir or a path) only"
+                )));
+            }
+            None => location,
+        };
+        if dir.is_empty() {
+            return Err(Error::Invalid("tiered store: empty directory".into()));
+        }
+        std::fs::create_dir_all(dir)?;
+        let store = object_store::local::LocalFileSystem::new_with_prefix(dir)
+            .map_err(|e| Error::Invalid(format!("tiered store {location:?}: {e}")))?
+            .with_fsync(true);
+        Ok(TierStore { store: Arc::new(store), location: location.to_string() })
+    }
+
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+
+    fn path(key: &str) -> Result<ObjectPath> {
+        ObjectPath::parse(key).map_err(|e| Error::Invalid(format!("object key {key:?}: {e}")))
+    }
+
+    /// Stores `bytes` as `key`, durably, atomically (no reader sees part of it).
+    pub async fn put(&self, key: &str, bytes: Bytes) -> Result<()> {
+        self.store.put(&Self::path(key)?, bytes.into()).await.map_err(store_error)?;
+        Ok(())
+    }
+
+    pub async fn get(&self, key: &str) -> Result<Bytes> {
+        let got = self.store.get(&Self::path(key)?).await.map_err(store_error)?;
+        got.bytes().await.map_err(store_error)
+    }
+
+    /// Deletes `key`; a missing object is not an error.
+    pub async fn delete(&self, key: &str) -> Result<()> {
+        match self.store.delete(&Self::path(key)?).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(store_error(e)),
+        }
+    }
+}
+
+/// The object key of an upload of the segment `[base, next)` of partition `partition` (Raft
+/// group `group`: a topic created again under the same name has new groups): unique per
+/// upload, so a second upload of the same segment (a new leader) never replaces an object
+/// a manifest names.
+pub fn object_key(topic: &str, partition: u32, group: u64, base: Offset, next: Offset) -> String {
+    format!("{topic}/{partition}-{group}/{base:020}-{next:020}-{:016x}.log", rand::random::<u64>())
+}
+
+/// Fetched copies of remote segments, each in `tier-cache/{base:020}/` as a one-segment log.
+pub struct TierCache {
+    dir: PathBuf,
+    store: Option<TierStore>,
+    /// Most recently used last.
+    open: Mutex<VecDeque<(Offset, Arc<Log>)>>,
+    /// One fetch at a time per replica: readers missing the same segment wait for one
+    /// download instead of each starting their own.
+    fetching: tokio::sync::Mutex<()>,
+}
+
+impl TierCache {
+    pub fn new(dir: PathBuf, store: Option<TierStore>) -> TierCache {
+        TierCache { dir, store, open: Mutex::new(VecDeque::new()), fetching: tokio::sync::Mutex::new(()) }
+    }
+
+    pub fn store(&self) -> Option<&TierStore> {
+        self.store.as_ref()
+    }
+
+    fn segment_dir(&self, base: Offset) -> PathBuf {
+        self.dir.join(format!("{base:020}"))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(Offset, Arc<Log>)>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The cached copy of `segment`, opened; `None` when it is not cached (or the cached
+    /// file failed its checks and was dropped).
+    pub fn get(&self, segment: &RemoteSegment) -> Result<Option<Arc<Log>>> {
+        {
+            let mut open = self.lock();
+            if let Some(i) = open.iter().position(|(b, _)| *b == segment.base_offset)
+                && let Some(entry) = open.remove(i)
+            {
+                let log = entry.1.clone();
+                open.push_back(entry);
+                return Ok(Some(log));
+            }
+        }
+        let dir = self.segment_dir(segment.base_offset);
+        let file = dir.join(logdex_log::segment_file_name(segment.base_offset));
+        let bytes = match std::fs::read(&file) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        if check_object(segment, &bytes).is_err() {
+            tracing::warn!(file = %file.display(), "dropping a cached remote segment that fails its checks");
+            remove_dir(&dir)?;
+            return Ok(None);
+        }
+        let log = Arc::new(Log::open(&dir, LogConfig::default())?);
+        // Opening scanned every batch (crc included) and cut the copy at the first damaged
+        // one: a copy that does not end where the manifest says is damaged.
+        if log.start_offset() != segment.base_offset || log.next_offset() != segment.next_offset {
+            return Err(Error::Corrupted(format!(
+                "remote segment {} holds offsets {}..{}, its manifest entry says {}..{}",
+                segment.object,
+                log.start_offset(),
+                log.next_offset(),
+                segment.base_offset,
+                segment.next_offset
+            )));
+        }
+        self.remember(segment.base_offset, log.clone())?;
+        Ok(Some(log))
+    }
+
+    fn remember(&self, base: Offset, log: Arc<Log>) -> Result<()> {
+        let evicted: Vec<Offset> = {
+            let mut open = self.lock();
+            open.retain(|(b, _)| *b != base);
+            open.push_back((base, log));
+            let excess = open.len().saturating_sub(CACHED_SEGMENTS_MAX);
+            open.drain(..excess).map(|(b, _)| b).collect()
+        };
+        // Readers holding an evicted log keep its open files; the names go now.
+        for base in evicted {
+            remove_dir(&self.segment_dir(base))?;
+        }
+        Ok(())
+    }
+
+    /// Stores a fetched object as the cached copy of `segment` after checking its size and
+    /// CRC-32C against the manifest entry.
+    pub fn fill(&self, segment: &RemoteSegment, bytes: &[u8]) -> Result<()> {
+        check_object(segment, bytes)?;
+        let dir = self.segment_dir(segment.base_offset);
+        let tmp = self.dir.join(format!("{:020}.tmp", segment.base_offset));
+        remove_dir(&tmp)?;
+        std::fs::create_dir_all(&tmp)?;
+        std::fs::write(tmp.join(logdex_log::segment_file_name(segment.base_offset)), bytes)?;
+        remove_dir(&dir)?;
+        std::fs::rename(&tmp, &dir)?;
+        Ok(())
+    }
+
+    /// Fetches `segment` from the store into the cache.
+    pub async fn fetch(&self, segment: &RemoteSegment) -> Result<()> {
+        let store = self.store.as_ref().ok_or_else(no_store)?;
+        let _one = self.fetching.lock().await;
+        if self.get(segment)?.is_some() {
+            return Ok(());
+        }
+        let bytes = store.get(&segment.object).await?;
+        self.fill(segment, &bytes)
+    }
+
+    /// The cached copy of `segment`, fetched first when missing, from synchronous code (the
+    /// index rebuild of a replica whose segments are partly remote). Blocks the thread.
+    pub fn get_or_fetch_blocking(&self, segment: &RemoteSegment) -> Result<Arc<Log>> {
+        if let Some(log) = self.get(segment)? {
+            return Ok(log);
+        }
+        futures::executor::block_on(self.fetch(segment))?;
+        self.get(segment)?.ok_or_else(|| {
+            Error::Corrupted(format!("remote segment {} vanished from the cache after its fetch", segment.object))
+        })
+    }
+
+    /// Drops the cached copies of segments ending at or before `to` (trimmed by retention).
+    pub fn forget_below(&self, to: Offset, trimmed: &[RemoteSegment]) -> Result<()> {
+        self.lock().retain(|(b, _)| *b >= to);
+        for s in trimmed {
+            remove_dir(&self.segment_dir(s.base_offset))?;
+        }
+        Ok(())
+    }
+}
+
+fn no_store() -> Error {
+    Error::Unavailable("the data is in tiered storage and this node has no --tiered-store".into())
+}
+
+fn check_object(segment: &RemoteSegment, bytes: &[u8]) -> Result<()> {
+    let crc = crc32c::crc32c(bytes);
+    if bytes.len() as u64 != segment.size_bytes || crc != segment.crc32c {
+        return Err(Error::Corrupted(format!(
+            "remote segment {}: {} bytes with CRC-32C {crc:08x}, the manifest says {} bytes with {:08x}",
+            segment.object,
+            bytes.len(),
+            segment.size_bytes,
+            segment.crc32c
+        )));
+    }
+    Ok(())
+}
+
+fn remove_dir(dir: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
+
+    fn segment(base: Offset, next: Offset) -> RemoteSegment {
+        RemoteSegment {
+            base_offset: base,
+            next_offset: next,
+            size_bytes: 0,
+            crc32c: 0,
+            max_timestamp_ms: 0,
+            object: format!("t/0/{base}"),
+        }
+    }
+
+    #[test]
+    fn manifest_takes_segments_that_extend_it_and_knows_what_it_covers() {
+        let mut m = Manifest::default();
+        assert!(m.add(segment(0, 10)));
+        assert!(!m.add(segment(0, 10)), "the same upload committed twice");
+        assert!(!m.add(segment(2, 8)), "nothing past the end");
+        assert!(!m.add(segment(12, 12)), "empty");
+        assert!(m.add(segment(5, 12)), "overlapping, but it extends the end");
+        assert!(m.add(segment(15, 30)), "a gap retention left is fine");
+        assert_eq!((m.start_offset(), m.end_offset()), (Some(0), Some(30)));
+        assert_eq!(m.segment_from(3).map(|s| s.base_offset), Some(0));
+        assert_eq!(m.segment_from(10).map(|s| s.base_offset), Some(5));
+        assert_eq!(m.segment_from(12).map(|s| s.base_offset), Some(15), "in the gap: the next segment");
+        assert!(m.segment_from(30).is_none());
+        assert!(m.covers_range(0, 12));
+        assert!(m.covers_range(3, 11));
+        assert!(!m.covers_range(10, 16), "the gap 12..15");
+        assert!(m.covers_range(15, 30));
+        assert!(!m.covers_range(20, 31));
+    }
+
+    #[test]
+    fn manifest_trim_removes_whole_segments_ending_at_or_before_the_offset() {
+        let mut m = Manifest::default();
+        for (b, n) in [(0, 10), (10, 20), (20, 30)] {
+            assert!(m.add(segment(b, n)));
+        }
+        assert!(m.trim(15).iter().map(|s| s.base_offset).eq([0]));
+        assert!(m.trim(20).iter().map(|s| s.base_offset).eq([10]));
+        assert_eq!(m.start_offset(), Some(20));
+    }
+
+    #[test]
+    fn manifest_survives_save_and_load_and_refuses_an_unknown_version() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        assert_eq!(Manifest::load(dir.path())?, Manifest::default());
+        let mut m = Manifest::default();
+        assert!(m.add(segment(4, 9)));
+        m.save(dir.path())?;
+        assert_eq!(Manifest::load(dir.path())?, m);
+        m.version = 9;
+        std::fs::write(dir.path().join(MANIFEST_FILE), serde_json::to_vec(&m)?)?;
+        assert!(matches!(Manifest::load(dir.path()), Err(Error::Corrupted(_))));
+        Ok(())
+    }
+
+    /// A one-segment log holding records 0..3 and its bytes.
+    fn segment_bytes(dir: &Path) -> Result<(RemoteSegment, Vec<u8>)> {
+        let mut log = Log::open(dir, LogConfig::default())?;
+        let record = |i: u8| logdex_log::Record {
+            timestamp_ms: 5,
+            key: Some(vec![b'k', i]),
+            value: Some(vec![i; 10]),
+            headers: Vec::new(),
+        };
+        let mut batch = logdex_log::encode_batch(&[record(0), record(1), record(2)], logdex_log::Compression::None)?;
+        log.append(&mut batch, 0)?;
+        log.sync()?;
+        let bytes = std::fs::read(dir.join(logdex_log::segment_file_name(0)))?;
+        let seg = RemoteSegment {
+            base_offset: 0,
+            next_offset: 3,
+            size_bytes: bytes.len() as u64,
+            crc32c: crc32c::crc32c(&bytes),
+            max_timestamp_ms: 5,
+            object: "t/0/seg".into(),
+        };
+        Ok((seg, bytes))
+    }
+
+    #[tokio::test]
+    async fn a_segment_put_in_the_store_is_fetched_into_the_cache_and_read() -> TestResult {
+        let root = tempfile::tempdir()?;
+        let (seg, bytes) = segment_bytes(&root.path().join("source"))?;
+        let store = TierStore::open(&format!("file://{}", root.path().join("store").display()))?;
+        store.put(&seg.object, Bytes::from(bytes)).await?;
+        let cache = TierCache::new(root.path().join("cache"), Some(store.clone()));
+        assert!(cache.get(&seg)?.is_none(), "nothing cached yet");
+        cache.fetch(&seg).await?;
+        let log = cache.get(&seg)?.ok_or("cached")?;
+        let (offset, record) = log.read_record(1)?.ok_or("record 1")?;
+        assert_eq!((offset, record.key), (1, Some(vec![b'k', 1])));
+        store.delete(&seg.object).await?;
+        store.delete(&seg.object).await?;
+        assert!(matches!(store.get(&seg.object).await, Err(Error::Unavailable(_))));
+        Ok(())
+    }
+
+    #[test]
+    fn an_object_that_does_not_match_its_manifest_entry_is_refused() -> TestResult {
+        let root = tempfile::tempdir()?;
+        let (seg, mut bytes) = segment_bytes(&root.path().join("source"))?;
+        let cache = TierCache::new(root.path().join("cache"), None);
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        assert!(matches!(cache.fill(&seg, &bytes), Err(Error::Corrupted(_))));
+        assert!(cache.get(&seg)?.is_none());
+        assert!(matches!(cache.get_or_fetch_blocking(&seg), Err(Error::Unavailable(_))), "no store to fetch from");
+        Ok(())
+    }
+
+    #[test]
+    fn only_local_directories_are_accepted_as_stores() {
+        assert!(matches!(TierStore::open("s3://bucket/prefix"), Err(Error::Invalid(_))));
+        assert!(matches!(TierStore::open(""), Err(Error::Invalid(_))));
+    }
+
+    #[test]
+    fn the_cache_keeps_a_bounded_number_of_segments() -> TestResult {
+        let root = tempfile::tempdir()?;
+        let (seg, bytes) = segment_bytes(&root.path().join("source"))?;
+        let cache = TierCache::new(root.path().join("cache"), None);
+        cache.fill(&seg, &bytes)?;
+        assert!(cache.get(&seg)?.is_some());
+        for base in 1..=CACHED_SEGMENTS_MAX as u64 {
+            let log = Arc::new(Log::open(&root.path().join(format!("other{base}")), LogConfig::default())?);
+            cache.remember(base * 100, log)?;
+        }
+        assert!(!cache.segment_dir(0).exists(), "the least recently used segment left the disk");
+        assert!(cache.get(&seg)?.is_none());
+        Ok(())
+    }
+}

@@ -1,0 +1,174 @@
+//! Tiered storage at the replica: once remote segments cover its sealed segments and local
+//! retention deleted them, a replica answers every fetch and lookup from the remote copies
+//! (fetched into its cache on a miss), and a replica built from its snapshot rebuilds a
+//! complete index from them, also when two leaders copied overlapping segments.
+
+use std::path::Path;
+
+use bytes::Bytes;
+use logdex_index::Index;
+use logdex_index::IndexConfig;
+use logdex_log::Compression;
+use logdex_log::LogConfig;
+use logdex_log::Record;
+use logdex_raft::Error;
+use logdex_raft::partition::AppliedState;
+use logdex_raft::partition::KeyRead;
+use logdex_raft::partition::Partition;
+use logdex_raft::pb;
+use logdex_raft::tier::RemoteSegment;
+use logdex_raft::tier::TierStore;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const RECORDS: u64 = 80;
+const KEYS: u64 = 25;
+
+fn record(i: u64) -> Record {
+    Record {
+        timestamp_ms: 1_700_000_000_000 + i as i64,
+        key: Some(format!("k{}", i % KEYS).into_bytes()),
+        value: Some(format!("v{i}-{}", "x".repeat(40)).into_bytes()),
+        headers: Vec::new(),
+    }
+}
+
+fn open(dir: &Path, segment_bytes: u64, store: &TierStore) -> Result<Partition, Box<dyn std::error::Error>> {
+    let index = Index::open(&dir.join("index"), IndexConfig::default())?;
+    let config = LogConfig { segment_bytes, ..LogConfig::default() };
+    let (p, _) = Partition::open_with_tier(3, 1 << 20, &dir.join("partition"), config, index, Some(store.clone()))?;
+    Ok(p)
+}
+
+fn state(i: u64) -> AppliedState {
+    let log_id = logdex_raft::wire::log_id_from_pb(&pb::LogId { term: 1, index: i + 1 });
+    AppliedState { applied: Some(log_id), ..AppliedState::default() }
+}
+
+fn apply_all(p: &Partition) -> TestResult {
+    for i in 0..RECORDS {
+        let mut batch = [logdex_log::encode_batch(&[record(i)], Compression::None)?];
+        p.apply_batches(&mut batch, &state(i), 0)?;
+    }
+    Ok(())
+}
+
+/// Copies `p`'s sealed segments not yet in its manifest to the store and applies their
+/// `add` commands to every partition of `apply_to` (as the leader and Raft do).
+async fn upload(
+    p: &Partition,
+    store: &TierStore,
+    apply_to: &[&Partition],
+) -> Result<usize, Box<dyn std::error::Error>> {
+    let candidates = p.tier_candidates();
+    for s in &candidates {
+        let bytes = std::fs::read(&s.path)?;
+        let remote = RemoteSegment {
+            base_offset: s.base_offset,
+            next_offset: s.next_offset,
+            size_bytes: bytes.len() as u64,
+            crc32c: crc32c::crc32c(&bytes),
+            max_timestamp_ms: s.max_timestamp_ms,
+            object: logdex_raft::tier::object_key("t", 0, 3, s.base_offset, s.next_offset),
+        };
+        store.put(&remote.object, Bytes::from(bytes)).await?;
+        let add = pb::TierCommand { kind: Some(pb::tier_command::Kind::Add(remote.to_pb())) };
+        for q in apply_to {
+            q.apply_tier(&add)?;
+        }
+    }
+    Ok(candidates.len())
+}
+
+/// Runs `read`, fetching the remote segments it misses, as the node does.
+async fn with_fetch<T>(p: &Partition, read: impl Fn() -> Result<T, Error>) -> Result<T, Box<dyn std::error::Error>> {
+    for _ in 0..100 {
+        match read() {
+            Err(Error::TierMiss { segments, .. }) => {
+                for s in &segments {
+                    p.tier_cache().fetch(s).await?;
+                }
+            }
+            other => return Ok(other?),
+        }
+    }
+    Err("still missing remote segments after 100 fetches".into())
+}
+
+async fn check_reads(p: &Partition) -> TestResult {
+    let mut offset = 0;
+    while offset < RECORDS {
+        let got = with_fetch(p, || p.read_records(offset, 7, 1 << 20)).await?;
+        assert!(!got.is_empty(), "empty read at offset {offset}");
+        for (o, r) in got {
+            assert_eq!((o, r.value), (offset, record(offset).value), "records in order, dense");
+            offset += 1;
+        }
+    }
+    for k in 0..KEYS {
+        let newest = RECORDS - 1 - ((RECORDS - 1 + KEYS - k) % KEYS);
+        match with_fetch(p, || p.read_key(format!("k{k}").as_bytes())).await? {
+            KeyRead::Found { offset, record: r } => {
+                assert_eq!((offset, r.value), (newest, record(newest).value), "key k{k}");
+            }
+            other => panic!("key k{k}: {other:?}"),
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_replica_reads_remote_segments_and_its_snapshot_rebuilds_a_complete_index() -> TestResult {
+    let root = tempfile::tempdir()?;
+    let store = TierStore::open(&root.path().join("store").display().to_string())?;
+    // Two replicas whose segments roll at different offsets.
+    let a = open(&root.path().join("a"), 1024, &store)?;
+    let b = open(&root.path().join("b"), 1600, &store)?;
+    apply_all(&a)?;
+    apply_all(&b)?;
+    // The first leader copied a's first segments, a second one b's after them: the
+    // manifest holds overlapping segments.
+    let first = a.tier_candidates();
+    assert!(first.len() > 4, "small segments roll: {}", first.len());
+    let half = first[first.len() / 2].next_offset;
+    let leader = open(&root.path().join("half"), 1024, &store)?;
+    for i in 0..half {
+        let mut batch = [logdex_log::encode_batch(&[record(i)], Compression::None)?];
+        leader.apply_batches(&mut batch, &state(i), 0)?;
+    }
+    let mut batch = [logdex_log::encode_batch(&[record(half)], Compression::None)?];
+    leader.apply_batches(&mut batch, &state(half), 0)?;
+    assert!(upload(&leader, &store, &[&a, &b]).await? > 0);
+    assert!(upload(&b, &store, &[&a, &b]).await? > 0);
+    let manifest = a.tier_manifest();
+    assert!(
+        manifest.segments.windows(2).any(|w| w[1].base_offset < w[0].next_offset),
+        "overlapping remote segments: {manifest:?}"
+    );
+
+    let now = u64::try_from(1_800_000_000_000i64)?;
+    let deleted = a.apply_local_retention(now, Some(0), None)?;
+    assert!(deleted > 4, "local copies deleted: {deleted}");
+    assert_eq!(a.log_start_offset(), 0, "the log still starts at 0");
+    assert!(matches!(a.read_records(0, 10, 1 << 20), Err(Error::TierMiss { .. })), "nothing cached yet");
+    check_reads(&a).await?;
+
+    // A replica built from a's snapshot: its index comes from the remote and local segments.
+    let staged = root.path().join("snapshot");
+    std::fs::create_dir_all(&staged)?;
+    a.snapshot_to(&staged, &state(RECORDS - 1))?;
+    let c = open(&root.path().join("c"), 1024, &store)?;
+    let _: AppliedState = c.install_snapshot(&staged)?;
+    assert_eq!(c.tier_manifest(), manifest);
+    check_reads(&c).await?;
+
+    // Retention trims remote segments: the start moves to the first one left, and reads
+    // from 0 begin there.
+    let trim_to = manifest.segments[1].next_offset;
+    c.apply_tier(&pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(trim_to)) })?;
+    let start = c.tier_manifest().start_offset().ok_or("remote segments left")?;
+    assert_eq!(c.log_start_offset(), start);
+    let first = with_fetch(&c, || c.read_records(0, 1, 1 << 20)).await?;
+    assert_eq!(first.first().map(|(o, _)| *o), Some(start));
+    Ok(())
+}
