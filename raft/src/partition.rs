@@ -518,7 +518,7 @@ impl Partition {
         let Some(segment) = self.manifest().segment_from(offset).filter(|s| s.covers(offset)).cloned() else {
             return Ok(None);
         };
-        match self.tier.cache.get(&segment)? {
+        match self.tier.cache.get(&segment) {
             Some(log) => Ok(Some(log)),
             None => Err(Error::TierMiss { group: self.group, segments: vec![segment] }),
         }
@@ -549,7 +549,7 @@ impl Partition {
                 let remote = self
                     .tier
                     .cache
-                    .get(&segment)?
+                    .get(&segment)
                     .ok_or_else(|| Error::TierMiss { group: self.group, segments: vec![segment.clone()] })?;
                 let mut records = remote.read_records(offset, max_records, max_bytes)?;
                 records.retain(|(o, _)| *o < hw && *o < segment.next_offset);

@@ -287,18 +287,25 @@ impl TierCache {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The cached copy of `segment`, opened; `None` when it is not cached (or the cached
-    /// file failed its checks and was dropped).
-    pub fn get(&self, segment: &RemoteSegment) -> Result<Option<Arc<Log>>> {
-        {
-            let mut open = self.lock();
-            if let Some(i) = open.iter().position(|(b, _)| *b == segment.base_offset)
-                && let Some(entry) = open.remove(i)
-            {
-                let log = entry.1.clone();
-                open.push_back(entry);
-                return Ok(Some(log));
-            }
+    /// The cached copy of `segment` if it is open; cheap, for the read path. `None` when it
+    /// is not (fetch it: [`TierCache::fetch`]).
+    pub fn get(&self, segment: &RemoteSegment) -> Option<Arc<Log>> {
+        let mut open = self.lock();
+        let i = open.iter().position(|(b, _)| *b == segment.base_offset)?;
+        let entry = open.remove(i)?;
+        let log = entry.1.clone();
+        open.push_back(entry);
+        Some(log)
+    }
+
+    /// Opens the copy of `segment` on disk, after checking it whole against the manifest
+    /// entry: size and CRC-32C, then every batch (the segment log's recovery scan, which
+    /// cuts a copy at its first damaged batch), and that it ends where the entry says.
+    /// `None` when there is no copy or it fails the size and CRC check (it is dropped).
+    /// Reads the whole file: call it off the async workers ([`blocking`]).
+    fn load(&self, segment: &RemoteSegment) -> Result<Option<Arc<Log>>> {
+        if let Some(log) = self.get(segment) {
+            return Ok(Some(log));
         }
         let dir = self.segment_dir(segment.base_offset);
         let file = dir.join(logdex_log::segment_file_name(segment.base_offset));
@@ -313,9 +320,8 @@ impl TierCache {
             return Ok(None);
         }
         let log = Arc::new(Log::open(&dir, LogConfig::default())?);
-        // Opening scanned every batch (crc included) and cut the copy at the first damaged
-        // one: a copy that does not end where the manifest says is damaged.
         if log.start_offset() != segment.base_offset || log.next_offset() != segment.next_offset {
+            remove_dir(&dir)?;
             return Err(Error::Corrupted(format!(
                 "remote segment {} holds offsets {}..{}, its manifest entry says {}..{}",
                 segment.object,
@@ -327,6 +333,15 @@ impl TierCache {
         }
         self.remember(segment.base_offset, log.clone())?;
         Ok(Some(log))
+    }
+
+    /// Stores `bytes` as the cached copy of `segment` and opens it, checked as [`TierCache::load`]
+    /// checks a copy. The leader checks a local segment this way before it copies it.
+    pub fn fill_and_open(&self, segment: &RemoteSegment, bytes: &[u8]) -> Result<Arc<Log>> {
+        self.fill(segment, bytes)?;
+        self.load(segment)?.ok_or_else(|| {
+            Error::Corrupted(format!("remote segment {} vanished from the cache after it was stored", segment.object))
+        })
     }
 
     fn remember(&self, base: Offset, log: Arc<Log>) -> Result<()> {
@@ -358,27 +373,27 @@ impl TierCache {
         Ok(())
     }
 
-    /// Fetches `segment` from the store into the cache.
+    /// Makes `segment` open in the cache: from the copy on disk, else fetched from the store.
+    /// One fetch at a time per replica; the file work runs off the async workers.
     pub async fn fetch(&self, segment: &RemoteSegment) -> Result<()> {
         let store = self.store.as_ref().ok_or_else(no_store)?;
         let _one = self.fetching.lock().await;
-        if self.get(segment)?.is_some() {
+        if blocking(|| self.load(segment))?.is_some() {
             return Ok(());
         }
         let bytes = store.get(&segment.object).await?;
-        self.fill(segment, &bytes)
+        blocking(|| self.fill_and_open(segment, &bytes)).map(|_| ())
     }
 
     /// The cached copy of `segment`, fetched first when missing, from synchronous code (the
     /// index rebuild of a replica whose segments are partly remote). Blocks the thread.
     pub fn get_or_fetch_blocking(&self, segment: &RemoteSegment) -> Result<Arc<Log>> {
-        if let Some(log) = self.get(segment)? {
+        if let Some(log) = self.load(segment)? {
             return Ok(log);
         }
-        futures::executor::block_on(self.fetch(segment))?;
-        self.get(segment)?.ok_or_else(|| {
-            Error::Corrupted(format!("remote segment {} vanished from the cache after its fetch", segment.object))
-        })
+        let store = self.store.as_ref().ok_or_else(no_store)?;
+        let bytes = futures::executor::block_on(store.get(&segment.object))?;
+        self.fill_and_open(segment, &bytes)
     }
 
     /// Drops the cached copies of segments ending at or before `to` (trimmed by retention).
@@ -388,6 +403,16 @@ impl TierCache {
             remove_dir(&self.segment_dir(s.base_offset))?;
         }
         Ok(())
+    }
+}
+
+/// Runs file work that may take a while (reading and checking a whole segment) so that the
+/// async worker it is called on hands its other tasks to another thread meanwhile (on a
+/// multi-thread runtime; elsewhere it just runs).
+pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 
@@ -511,9 +536,9 @@ mod tests {
         let store = TierStore::open(&format!("file://{}", root.path().join("store").display()))?;
         store.put(&seg.object, Bytes::from(bytes)).await?;
         let cache = TierCache::new(root.path().join("cache"), Some(store.clone()));
-        assert!(cache.get(&seg)?.is_none(), "nothing cached yet");
+        assert!(cache.get(&seg).is_none(), "nothing cached yet");
         cache.fetch(&seg).await?;
-        let log = cache.get(&seg)?.ok_or("cached")?;
+        let log = cache.get(&seg).ok_or("cached")?;
         let (offset, record) = log.read_record(1)?.ok_or("record 1")?;
         assert_eq!((offset, record.key), (1, Some(vec![b'k', 1])));
         store.delete(&seg.object).await?;
@@ -530,7 +555,7 @@ mod tests {
         let last = bytes.len() - 1;
         bytes[last] ^= 1;
         assert!(matches!(cache.fill(&seg, &bytes), Err(Error::Corrupted(_))));
-        assert!(cache.get(&seg)?.is_none());
+        assert!(cache.load(&seg)?.is_none());
         assert!(matches!(cache.get_or_fetch_blocking(&seg), Err(Error::Unavailable(_))), "no store to fetch from");
         Ok(())
     }
@@ -546,14 +571,15 @@ mod tests {
         let root = tempfile::tempdir()?;
         let (seg, bytes) = segment_bytes(&root.path().join("source"))?;
         let cache = TierCache::new(root.path().join("cache"), None);
-        cache.fill(&seg, &bytes)?;
-        assert!(cache.get(&seg)?.is_some());
+        cache.fill_and_open(&seg, &bytes)?;
+        assert!(cache.get(&seg).is_some());
         for base in 1..=CACHED_SEGMENTS_MAX as u64 {
             let log = Arc::new(Log::open(&root.path().join(format!("other{base}")), LogConfig::default())?);
             cache.remember(base * 100, log)?;
         }
         assert!(!cache.segment_dir(0).exists(), "the least recently used segment left the disk");
-        assert!(cache.get(&seg)?.is_none());
+        assert!(cache.get(&seg).is_none());
+        assert!(cache.load(&seg)?.is_none());
         Ok(())
     }
 }
