@@ -530,27 +530,48 @@ impl Node {
         }
     }
 
-    /// Deletes the objects a hosted replica's tiered-storage manifest names (every replica of
-    /// a deleted topic does it; deleting a missing object is fine). Failures are logged: the
-    /// objects stay behind (ARCHITECTURE.md, "Tiered storage").
+    /// Deletes every object of a hosted replica's partition in tiered storage: its topic was
+    /// deleted (every replica's node does it; deleting a missing object is fine). Failures
+    /// are logged: the objects stay behind (ARCHITECTURE.md, "Tiered storage").
     async fn delete_remote_segments(&self, group: GroupId) {
         let (Some(store), Some(hosted)) = (&self.inner.tier_store, self.group(group)) else { return };
-        for segment in hosted.partition.tier_manifest().segments {
-            if let Err(e) = store.delete(&segment.object).await {
-                tracing::warn!(group, object = %segment.object, error = %e, "cannot delete a deleted topic's object");
-            }
+        let prefix = crate::tier::object_prefix(&hosted.topic, hosted.partition_no, group);
+        match store.delete_prefix(&prefix).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(group, objects = n, "deleted a deleted topic's objects in tiered storage"),
+            Err(e) => tracing::warn!(group, %prefix, error = %e, "cannot delete a deleted topic's objects"),
         }
+    }
+
+    /// Whether `g`'s partition still exists (its topic was not deleted meanwhile).
+    fn partition_exists(&self, g: &HostedGroup) -> bool {
+        self.cluster()
+            .topics
+            .get(&g.topic)
+            .and_then(|t| t.partitions.get(g.partition_no as usize))
+            .is_some_and(|p| p.group_id == g.group_id)
     }
 
     /// Tiered storage of one replica: while it leads, copies sealed segments to the store
     /// and commits each copy through Raft, then trims remote segments past retention; on
     /// every replica, deletes local segments the store holds past local retention.
     async fn tier_pass(&self, g: &HostedGroup, store: &TierStore, policy: &TierPolicy) -> Result<()> {
+        // A snapshot taken before a trim names the trimmed objects: every replica takes a new
+        // one after a trim, and the leader deletes trimmed objects only once its own current
+        // snapshot (the one it sends) is past the trim.
+        let snapshot_index = crate::types::metrics_of(&g.raft).snapshot.map_or(0, |l| l.index);
+        if g.partition.tier_trimmed_at() > snapshot_index {
+            g.raft.trigger().snapshot().await.map_err(Error::unavailable)?;
+        }
         if self.leader_node(g) == Some(self.node_id()) {
             for segment in g.partition.tier_candidates() {
                 self.tier_upload(g, store, &segment).await?;
             }
-            self.tier_expire(g, store, policy).await?;
+            self.tier_expire(g, policy).await?;
+            for segment in g.partition.take_tier_deletes(snapshot_index) {
+                store.delete(&segment.object).await?;
+                tracing::info!(group = g.group_id, object = %segment.object, "deleted a trimmed segment's object");
+            }
         }
         let p = g.partition.clone();
         let (local_ms, local_bytes) = (policy.local_retention_ms, policy.local_retention_bytes);
@@ -589,7 +610,13 @@ impl Node {
         })?;
         store.put(&remote.object, bytes::Bytes::from(bytes)).await?;
         let add = pb::tier_command::Kind::Add(remote.to_pb());
-        self.tier_write(g, add).await?;
+        if let Err(e) = self.tier_write(g, add).await {
+            // The topic was deleted under the upload: nothing will ever name the object.
+            if !self.partition_exists(g) {
+                store.delete(&remote.object).await?;
+            }
+            return Err(e);
+        }
         tracing::info!(
             group = g.group_id,
             base_offset = remote.base_offset,
@@ -601,8 +628,9 @@ impl Node {
     }
 
     /// Trims remote segments past the topic's retention (oldest first, whole segments, by
-    /// newest record age and by the size of the whole log), then deletes their objects.
-    async fn tier_expire(&self, g: &HostedGroup, store: &TierStore, policy: &TierPolicy) -> Result<()> {
+    /// newest record age and by the size of the whole log); their objects are deleted later
+    /// (`tier_pass`).
+    async fn tier_expire(&self, g: &HostedGroup, policy: &TierPolicy) -> Result<()> {
         let manifest = g.partition.tier_manifest();
         let local_past_remote: u64 = g.partition.tier_candidates().iter().map(|s| s.size_bytes).sum::<u64>();
         let mut remaining = manifest.size_bytes() + local_past_remote;
@@ -619,9 +647,6 @@ impl Node {
         }
         let Some(to) = trim_to else { return Ok(()) };
         self.tier_write(g, pb::tier_command::Kind::TrimTo(to)).await?;
-        for s in manifest.segments.iter().filter(|s| s.next_offset <= to) {
-            store.delete(&s.object).await?;
-        }
         tracing::info!(group = g.group_id, start_offset = to, "retention trimmed tiered storage");
         Ok(())
     }
@@ -769,8 +794,10 @@ impl Node {
             .get(topic)
             .map_or_else(|| self.inner.config.log.clone(), |t| t.log_config(&self.inner.config.log));
         let store = self.inner.tier_store.clone();
+        let index = self.inner.index.clone();
+        // Recovery may scan the log and rebuild the index (fetching remote segments).
         let (partition, applied) =
-            Partition::open_with_tier(group, replica, &dir, log_config, self.inner.index.clone(), store)?;
+            crate::tier::blocking(|| Partition::open_with_tier(group, replica, &dir, log_config, index, store))?;
         let partition = Arc::new(partition);
         let snapshots = SnapshotStore::open(dir.join("snapshots"))?;
         let sm = GroupStateMachine::new(GroupData::Partition(partition.clone()), applied, snapshots);

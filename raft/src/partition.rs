@@ -107,6 +107,23 @@ struct Tier {
     /// Changed only by applied `TierCommand`s and snapshot installs, saved before it changes.
     manifest: RwLock<Manifest>,
     cache: TierCache,
+    /// Segments trimmed by retention, with the Raft log index of the trim: their objects are
+    /// deleted once a snapshot past that index replaced the ones naming them (in memory: a
+    /// restart forgets them, and their objects stay).
+    pending_deletes: std::sync::Mutex<Vec<(u64, RemoteSegment)>>,
+    /// Log index of the last applied trim.
+    trimmed_at: AtomicU64,
+}
+
+impl Tier {
+    fn new(manifest: Manifest, cache: TierCache) -> Tier {
+        Tier {
+            manifest: RwLock::new(manifest),
+            cache,
+            pending_deletes: Default::default(),
+            trimmed_at: AtomicU64::new(0),
+        }
+    }
 }
 
 /// Monotonic counters of one replica's background work, for metrics.
@@ -176,7 +193,7 @@ impl Partition {
         if let Some(snapshot) = read_install_intent(dir)? {
             tracing::info!(group, replica, snapshot = %snapshot.display(), "finishing an interrupted snapshot install");
             let (log, state, manifest) = install_files(replica, dir, &log_config, &index, &snapshot, &cache)?;
-            let tier = Tier { manifest: RwLock::new(manifest), cache };
+            let tier = Tier::new(manifest, cache);
             return Ok((Partition::from_parts(group, replica, dir, log_config, log, index, tier), state));
         }
         let manifest = Manifest::load(dir)?;
@@ -218,7 +235,7 @@ impl Partition {
             }
             None => AppliedState::default(),
         };
-        let tier = Tier { manifest: RwLock::new(manifest), cache };
+        let tier = Tier::new(manifest, cache);
         let partition = Partition::from_parts(group, replica, dir, log_config, log, index, tier);
         partition.reapply_until.store(reapply_until, Ordering::Release);
         Ok((partition, state))
@@ -273,6 +290,8 @@ impl Partition {
     /// Reads a snapshot's segment files whole and checks them (crc, framing,
     /// offsets) against its state file; [`Error::Log`] `Corrupt` naming the
     /// file and position when a batch fails (a damaged leader's snapshot).
+    /// With remote segments, checks that the store holds them (see
+    /// `check_remote_segments`).
     pub fn verify_snapshot(&self, snapshot_dir: &Path) -> Result<()> {
         let snapshot: Checkpoint = read_json(&snapshot_dir.join(SNAPSHOT_STATE_FILE))?
             .ok_or_else(|| Error::Corrupted(format!("snapshot {} has no state file", snapshot_dir.display())))?;
@@ -287,7 +306,7 @@ impl Partition {
                 snapshot.next_offset
             )));
         }
-        Ok(())
+        self.check_remote_segments(snapshot_dir)
     }
 
     /// Replaces this replica's log and index by a snapshot's; crash-safe: an
@@ -314,6 +333,32 @@ impl Partition {
         *log = new_log;
         self.counters.snapshots_installed.fetch_add(1, Ordering::Relaxed);
         Ok(state)
+    }
+
+    /// Before a snapshot replaces anything: when its manifest names remote segments (the
+    /// index rebuild reads those below its local log), the store must hold one of them (a
+    /// missing oldest few were trimmed by retention after the snapshot was taken; none at all
+    /// means this node reads another store than its peers, or has none).
+    fn check_remote_segments(&self, snapshot_dir: &Path) -> Result<()> {
+        let manifest = Manifest::load(snapshot_dir)?;
+        if manifest.segments.is_empty() {
+            return Ok(());
+        }
+        let store = self.tier.cache.store().ok_or_else(|| {
+            Error::Unavailable(
+                "the snapshot's data is partly in tiered storage and this node has no --tiered-store".into(),
+            )
+        })?;
+        for segment in &manifest.segments {
+            if futures::executor::block_on(store.exists(&segment.object))? {
+                return Ok(());
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "the tiered store {} holds none of the {} remote segment(s) the snapshot names; is --tiered-store the directory the other nodes use?",
+            store.location(),
+            manifest.segments.len()
+        )))
     }
 
     /// The offset after the last applied record.
@@ -583,7 +628,7 @@ impl Partition {
     /// remote segments past retention (their cached copies go, and the index's cleanup
     /// watermark follows the new start). The manifest is saved before it changes here, so
     /// an applied command survives a crash.
-    pub fn apply_tier(&self, command: &pb::TierCommand) -> Result<()> {
+    pub fn apply_tier(&self, command: &pb::TierCommand, log_index: u64) -> Result<()> {
         let mut manifest =
             self.tier.manifest.write().map_err(|_| Error::Corrupted("tier manifest lock poisoned".into()))?;
         match &command.kind {
@@ -600,17 +645,37 @@ impl Partition {
                 if !trimmed.is_empty() {
                     next.save(&self.dir)?;
                     *manifest = next;
-                    drop(manifest);
-                    self.tier.cache.forget_below(*to, &trimmed)?;
-                    let start = self.log_start_offset();
-                    if start > 0 {
-                        self.index.set_watermark(self.replica, start)?;
-                    }
                 }
+                drop(manifest);
+                // Also when re-applied after a crash (nothing left to trim): the cache and
+                // the watermark follow.
+                self.tier.cache.forget_below(*to)?;
+                let start = self.log_start_offset();
+                if start > 0 {
+                    self.index.set_watermark(self.replica, start)?;
+                }
+                let mut pending = self.tier.pending_deletes.lock().unwrap_or_else(|p| p.into_inner());
+                pending.extend(trimmed.into_iter().map(|s| (log_index, s)));
+                self.tier.trimmed_at.fetch_max(log_index, Ordering::AcqRel);
             }
             None => {}
         }
         Ok(())
+    }
+
+    /// Raft log index of the last applied trim of remote segments (0: none since this
+    /// replica opened). A snapshot taken before it still names the trimmed objects.
+    pub fn tier_trimmed_at(&self) -> u64 {
+        self.tier.trimmed_at.load(Ordering::Acquire)
+    }
+
+    /// Takes the trimmed remote segments whose trim entry is at or below `snapshot_index`
+    /// (this replica's snapshot no longer names them): their objects may be deleted.
+    pub fn take_tier_deletes(&self, snapshot_index: u64) -> Vec<RemoteSegment> {
+        let mut pending = self.tier.pending_deletes.lock().unwrap_or_else(|p| p.into_inner());
+        let (ready, later): (Vec<_>, Vec<_>) = pending.drain(..).partition(|(i, _)| *i <= snapshot_index);
+        *pending = later;
+        ready.into_iter().map(|(_, s)| s).collect()
     }
 
     /// Sealed local segments the manifest does not reach yet, oldest first: what the
@@ -629,22 +694,28 @@ impl Partition {
     /// Local retention of a tiered topic: deletes local sealed segments, oldest first, that
     /// remote segments cover whole, while the oldest is older than `local_ms` (by its newest
     /// record) or the local log without it still holds `local_bytes`. Returns how many went.
+    ///
+    /// A checkpoint is taken first, so the recovery point stays inside the local log.
     pub fn apply_local_retention(&self, now_ms: u64, local_ms: Option<u64>, local_bytes: Option<u64>) -> Result<usize> {
         let manifest = self.manifest().clone();
-        let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
         let now = i64::try_from(now_ms).unwrap_or(i64::MAX);
-        let mut deleted = 0;
-        loop {
+        // Whether the oldest local segment may go: sealed, covered whole by remote
+        // segments, and past the local limits.
+        let due = |log: &Log| {
             let segments = log.segments();
-            let Some(first) = segments.first().filter(|s| s.sealed && segments.len() > 1) else { break };
-            if !manifest.covers_range(first.base_offset, first.next_offset) {
-                break;
-            }
-            let too_old = local_ms.is_some_and(|ms| now.saturating_sub(first.max_timestamp_ms) > ms as i64);
-            let too_big = local_bytes.is_some_and(|limit| log.size_bytes() - first.size_bytes >= limit);
-            if !(too_old || too_big) {
-                break;
-            }
+            segments.first().filter(|s| s.sealed && segments.len() > 1).is_some_and(|first| {
+                let too_old = local_ms.is_some_and(|ms| now.saturating_sub(first.max_timestamp_ms) > ms as i64);
+                let too_big = local_bytes.is_some_and(|limit| log.size_bytes() - first.size_bytes >= limit);
+                manifest.covers_range(first.base_offset, first.next_offset) && (too_old || too_big)
+            })
+        };
+        if !due(&*self.log.read().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?) {
+            return Ok(0);
+        }
+        self.checkpoint()?;
+        let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
+        let mut deleted = 0;
+        while due(&log) {
             log.delete_oldest_sealed()?;
             deleted += 1;
         }
@@ -846,6 +917,8 @@ fn keyed_records<'a>(
     let mut yielded_until: Offset = 0;
     let mut buffered = std::collections::VecDeque::new();
     let mut failed = false;
+    // Whether a remote segment's object was found, and how many were missing before it.
+    let (mut found_any, mut missing) = (false, 0usize);
     let remote_records = std::iter::from_fn(move || {
         loop {
             if failed {
@@ -873,11 +946,34 @@ fn keyed_records<'a>(
                 }
                 current = None;
             }
-            let segment = segments.next()?;
+            let Some(segment) = segments.next() else {
+                failed = true;
+                if !found_any && missing > 0 {
+                    // Not one object found: more likely a store other than the one the
+                    // copies went to than a trim of everything.
+                    return Some(Err(Error::Unavailable(format!(
+                        "the tiered store holds none of the {missing} remote segment(s) this replica's manifest names; is --tiered-store the directory the other nodes use?"
+                    ))));
+                }
+                return None;
+            };
             match cache.get_or_fetch_blocking(&segment) {
                 Ok(remote) => {
+                    found_any = true;
                     let from = segment.base_offset.max(yielded_until);
                     current = Some((remote, from, segment.next_offset.min(local_start)));
+                }
+                Err(Error::NotFound(what)) if !found_any => {
+                    // The oldest remote segments of an older snapshot may be trimmed by
+                    // retention (and their objects deleted) after it was taken: the entries
+                    // after the snapshot trim them here too.
+                    tracing::warn!(
+                        base_offset = segment.base_offset,
+                        next_offset = segment.next_offset,
+                        %what,
+                        "skipping a remote segment whose object is gone (trimmed by retention)"
+                    );
+                    missing += 1;
                 }
                 Err(e) => {
                     failed = true;

@@ -125,7 +125,7 @@ impl GroupStateMachine {
                 }
                 EntryPayload::Normal(pb::Command { kind: Some(pb::command::Kind::Tier(t)) }) => {
                     // Refers to segments applied in earlier entries; idempotent when re-applied.
-                    partition.apply_tier(t).map_err(to_io)?;
+                    partition.apply_tier(t, entry.log_id.index).map_err(to_io)?;
                     batch_owner.push(None);
                 }
                 EntryPayload::Membership(m) => {
@@ -266,7 +266,9 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
         match &self.data {
             GroupData::Partition(p) => {
                 // Verified above, before it was adopted.
-                let state = p.install_verified_snapshot(&adopted.dir).map_err(to_io)?;
+                // Reads every segment (remote ones too, fetched) to rebuild the index: the
+                // worker's other tasks move to another thread meanwhile.
+                let state = crate::tier::blocking(|| p.install_verified_snapshot(&adopted.dir)).map_err(to_io)?;
                 self.state = state;
             }
             GroupData::Controller(c) => {

@@ -237,9 +237,44 @@ impl TierStore {
         Ok(())
     }
 
+    /// The object `key`; [`Error::NotFound`] when the store does not hold it.
     pub async fn get(&self, key: &str) -> Result<Bytes> {
-        let got = self.store.get(&Self::path(key)?).await.map_err(store_error)?;
+        let got = match self.store.get(&Self::path(key)?).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(Error::NotFound(format!("object {key} in the tiered store {}", self.location)));
+            }
+            Err(e) => return Err(store_error(e)),
+        };
         got.bytes().await.map_err(store_error)
+    }
+
+    /// Whether the store holds `key`.
+    pub async fn exists(&self, key: &str) -> Result<bool> {
+        match self.store.head(&Self::path(key)?).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(store_error(e)),
+        }
+    }
+
+    /// Deletes every object under `prefix/` (a deleted partition's `<topic>/<partition>-<group>`).
+    /// Returns how many were deleted.
+    pub async fn delete_prefix(&self, prefix: &str) -> Result<usize> {
+        use futures::StreamExt;
+        let prefix = Self::path(prefix)?;
+        let mut listed = self.store.list(Some(&prefix));
+        let mut keys = Vec::new();
+        while let Some(meta) = listed.next().await {
+            keys.push(meta.map_err(store_error)?.location);
+        }
+        for key in &keys {
+            match self.store.delete(key).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(store_error(e)),
+            }
+        }
+        Ok(keys.len())
     }
 
     /// Deletes `key`; a missing object is not an error.
@@ -251,20 +286,34 @@ impl TierStore {
     }
 }
 
+/// The prefix of every object key of one partition's copies (Raft group `group`).
+pub fn object_prefix(topic: &str, partition: u32, group: u64) -> String {
+    format!("{topic}/{partition}-{group}")
+}
+
 /// The object key of an upload of the segment `[base, next)` of partition `partition` (Raft
 /// group `group`: a topic created again under the same name has new groups): unique per
 /// upload, so a second upload of the same segment (a new leader) never replaces an object
 /// a manifest names.
 pub fn object_key(topic: &str, partition: u32, group: u64, base: Offset, next: Offset) -> String {
-    format!("{topic}/{partition}-{group}/{base:020}-{next:020}-{:016x}.log", rand::random::<u64>())
+    format!("{}/{base:020}-{next:020}-{:016x}.log", object_prefix(topic, partition, group), rand::random::<u64>())
 }
 
-/// Fetched copies of remote segments, each in `tier-cache/{base:020}/` as a one-segment log.
+/// The range a cached copy covers: remote segments are told apart by both ends (two
+/// leaders may copy segments that start at the same offset and end at different ones).
+type Range = (Offset, Offset);
+
+fn range_of(segment: &RemoteSegment) -> Range {
+    (segment.base_offset, segment.next_offset)
+}
+
+/// Fetched copies of remote segments, each in `tier-cache/{base:020}-{next:020}/` as a
+/// one-segment log.
 pub struct TierCache {
     dir: PathBuf,
     store: Option<TierStore>,
     /// Most recently used last.
-    open: Mutex<VecDeque<(Offset, Arc<Log>)>>,
+    open: Mutex<VecDeque<(Range, Arc<Log>)>>,
     /// One fetch at a time per replica: readers missing the same segment wait for one
     /// download instead of each starting their own.
     fetching: tokio::sync::Mutex<()>,
@@ -279,19 +328,20 @@ impl TierCache {
         self.store.as_ref()
     }
 
-    fn segment_dir(&self, base: Offset) -> PathBuf {
-        self.dir.join(format!("{base:020}"))
+    fn segment_dir(&self, (base, next): Range) -> PathBuf {
+        self.dir.join(format!("{base:020}-{next:020}"))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(Offset, Arc<Log>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(Range, Arc<Log>)>> {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The cached copy of `segment` if it is open; cheap, for the read path. `None` when it
     /// is not (fetch it: [`TierCache::fetch`]).
     pub fn get(&self, segment: &RemoteSegment) -> Option<Arc<Log>> {
+        let range = range_of(segment);
         let mut open = self.lock();
-        let i = open.iter().position(|(b, _)| *b == segment.base_offset)?;
+        let i = open.iter().position(|(r, _)| *r == range)?;
         let entry = open.remove(i)?;
         let log = entry.1.clone();
         open.push_back(entry);
@@ -300,14 +350,14 @@ impl TierCache {
 
     /// Opens the copy of `segment` on disk, after checking it whole against the manifest
     /// entry: size and CRC-32C, then every batch (the segment log's recovery scan, which
-    /// cuts a copy at its first damaged batch), and that it ends where the entry says.
-    /// `None` when there is no copy or it fails the size and CRC check (it is dropped).
-    /// Reads the whole file: call it off the async workers ([`blocking`]).
+    /// cuts a copy at its first damaged batch, so a cut copy no longer has the entry's size),
+    /// and its offsets. `None` when there is no copy or it fails the size and CRC check (it
+    /// is dropped). Reads the whole file: call it off the async workers ([`blocking`]).
     fn load(&self, segment: &RemoteSegment) -> Result<Option<Arc<Log>>> {
         if let Some(log) = self.get(segment) {
             return Ok(Some(log));
         }
-        let dir = self.segment_dir(segment.base_offset);
+        let dir = self.segment_dir(range_of(segment));
         let file = dir.join(logdex_log::segment_file_name(segment.base_offset));
         let bytes = match std::fs::read(&file) {
             Ok(bytes) => bytes,
@@ -319,19 +369,26 @@ impl TierCache {
             remove_dir(&dir)?;
             return Ok(None);
         }
+        drop(bytes);
         let log = Arc::new(Log::open(&dir, LogConfig::default())?);
-        if log.start_offset() != segment.base_offset || log.next_offset() != segment.next_offset {
+        // A compacted segment may end before the next one starts: its end is at most `next`.
+        if log.size_bytes() != segment.size_bytes
+            || log.start_offset() != segment.base_offset
+            || log.next_offset() > segment.next_offset
+        {
             remove_dir(&dir)?;
             return Err(Error::Corrupted(format!(
-                "remote segment {} holds offsets {}..{}, its manifest entry says {}..{}",
+                "remote segment {} holds {} bytes of offsets {}..{}, its manifest entry says {} bytes of {}..{}",
                 segment.object,
+                log.size_bytes(),
                 log.start_offset(),
                 log.next_offset(),
+                segment.size_bytes,
                 segment.base_offset,
                 segment.next_offset
             )));
         }
-        self.remember(segment.base_offset, log.clone())?;
+        self.remember(range_of(segment), log.clone())?;
         Ok(Some(log))
     }
 
@@ -344,17 +401,17 @@ impl TierCache {
         })
     }
 
-    fn remember(&self, base: Offset, log: Arc<Log>) -> Result<()> {
-        let evicted: Vec<Offset> = {
+    fn remember(&self, range: Range, log: Arc<Log>) -> Result<()> {
+        let evicted: Vec<Range> = {
             let mut open = self.lock();
-            open.retain(|(b, _)| *b != base);
-            open.push_back((base, log));
+            open.retain(|(r, _)| *r != range);
+            open.push_back((range, log));
             let excess = open.len().saturating_sub(CACHED_SEGMENTS_MAX);
-            open.drain(..excess).map(|(b, _)| b).collect()
+            open.drain(..excess).map(|(r, _)| r).collect()
         };
         // Readers holding an evicted log keep its open files; the names go now.
-        for base in evicted {
-            remove_dir(&self.segment_dir(base))?;
+        for range in evicted {
+            remove_dir(&self.segment_dir(range))?;
         }
         Ok(())
     }
@@ -363,11 +420,13 @@ impl TierCache {
     /// CRC-32C against the manifest entry.
     pub fn fill(&self, segment: &RemoteSegment, bytes: &[u8]) -> Result<()> {
         check_object(segment, bytes)?;
-        let dir = self.segment_dir(segment.base_offset);
-        let tmp = self.dir.join(format!("{:020}.tmp", segment.base_offset));
+        let range = range_of(segment);
+        let dir = self.segment_dir(range);
+        let tmp = self.dir.join(format!("{:020}-{:020}.tmp", range.0, range.1));
         remove_dir(&tmp)?;
         std::fs::create_dir_all(&tmp)?;
         std::fs::write(tmp.join(logdex_log::segment_file_name(segment.base_offset)), bytes)?;
+        self.lock().retain(|(r, _)| *r != range);
         remove_dir(&dir)?;
         std::fs::rename(&tmp, &dir)?;
         Ok(())
@@ -387,6 +446,7 @@ impl TierCache {
 
     /// The cached copy of `segment`, fetched first when missing, from synchronous code (the
     /// index rebuild of a replica whose segments are partly remote). Blocks the thread.
+    /// [`Error::NotFound`] when the store does not hold the object.
     pub fn get_or_fetch_blocking(&self, segment: &RemoteSegment) -> Result<Arc<Log>> {
         if let Some(log) = self.load(segment)? {
             return Ok(log);
@@ -396,11 +456,22 @@ impl TierCache {
         self.fill_and_open(segment, &bytes)
     }
 
-    /// Drops the cached copies of segments ending at or before `to` (trimmed by retention).
-    pub fn forget_below(&self, to: Offset, trimmed: &[RemoteSegment]) -> Result<()> {
-        self.lock().retain(|(b, _)| *b >= to);
-        for s in trimmed {
-            remove_dir(&self.segment_dir(s.base_offset))?;
+    /// Drops the cached copies of segments ending at or before `to` (trimmed by retention),
+    /// those on disk included.
+    pub fn forget_below(&self, to: Offset) -> Result<()> {
+        self.lock().retain(|((_, next), _)| *next > to);
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        for entry in entries {
+            let entry = entry?;
+            let name = entry.file_name();
+            let next = name.to_str().and_then(|n| n.split('-').nth(1)).and_then(|n| n.parse::<Offset>().ok());
+            if next.is_some_and(|next| next <= to) {
+                remove_dir(&entry.path())?;
+            }
         }
         Ok(())
     }
@@ -543,7 +614,12 @@ mod tests {
         assert_eq!((offset, record.key), (1, Some(vec![b'k', 1])));
         store.delete(&seg.object).await?;
         store.delete(&seg.object).await?;
-        assert!(matches!(store.get(&seg.object).await, Err(Error::Unavailable(_))));
+        assert!(matches!(store.get(&seg.object).await, Err(Error::NotFound(_))));
+        for key in ["t/0-7/a.log", "t/0-7/b.log", "t/0-8/a.log"] {
+            store.put(key, Bytes::from_static(b"x")).await?;
+        }
+        assert_eq!(store.delete_prefix("t/0-7").await?, 2);
+        assert!(!store.exists("t/0-7/a.log").await? && store.exists("t/0-8/a.log").await?);
         Ok(())
     }
 
@@ -557,6 +633,23 @@ mod tests {
         assert!(matches!(cache.fill(&seg, &bytes), Err(Error::Corrupted(_))));
         assert!(cache.load(&seg)?.is_none());
         assert!(matches!(cache.get_or_fetch_blocking(&seg), Err(Error::Unavailable(_))), "no store to fetch from");
+        Ok(())
+    }
+
+    #[test]
+    fn copies_of_segments_starting_at_the_same_offset_are_kept_apart_and_trimmed_by_their_end() -> TestResult {
+        let root = tempfile::tempdir()?;
+        let (seg, bytes) = segment_bytes(&root.path().join("source"))?;
+        let cache = TierCache::new(root.path().join("cache"), None);
+        cache.fill_and_open(&seg, &bytes)?;
+        let longer = RemoteSegment { next_offset: seg.next_offset + 5, object: "t/0/longer".into(), ..seg.clone() };
+        assert!(cache.get(&longer).is_none(), "another leader's copy of a longer range is not this one");
+        assert!(cache.load(&longer)?.is_none());
+        cache.forget_below(seg.next_offset - 1)?;
+        assert!(cache.get(&seg).is_some(), "ends after the trim point");
+        cache.forget_below(seg.next_offset)?;
+        assert!(cache.get(&seg).is_none());
+        assert!(cache.load(&seg)?.is_none(), "its copy on disk went too");
         Ok(())
     }
 
@@ -575,9 +668,9 @@ mod tests {
         assert!(cache.get(&seg).is_some());
         for base in 1..=CACHED_SEGMENTS_MAX as u64 {
             let log = Arc::new(Log::open(&root.path().join(format!("other{base}")), LogConfig::default())?);
-            cache.remember(base * 100, log)?;
+            cache.remember((base * 100, base * 100 + 1), log)?;
         }
-        assert!(!cache.segment_dir(0).exists(), "the least recently used segment left the disk");
+        assert!(!cache.segment_dir(range_of(&seg)).exists(), "the least recently used segment left the disk");
         assert!(cache.get(&seg).is_none());
         assert!(cache.load(&seg)?.is_none());
         Ok(())

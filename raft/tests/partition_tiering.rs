@@ -74,7 +74,7 @@ async fn upload(
         store.put(&remote.object, Bytes::from(bytes)).await?;
         let add = pb::TierCommand { kind: Some(pb::tier_command::Kind::Add(remote.to_pb())) };
         for q in apply_to {
-            q.apply_tier(&add)?;
+            q.apply_tier(&add, 1)?;
         }
     }
     Ok(candidates.len())
@@ -165,10 +165,42 @@ async fn a_replica_reads_remote_segments_and_its_snapshot_rebuilds_a_complete_in
     // Retention trims remote segments: the start moves to the first one left, and reads
     // from 0 begin there.
     let trim_to = manifest.segments[1].next_offset;
-    c.apply_tier(&pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(trim_to)) })?;
+    c.apply_tier(&pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(trim_to)) }, 500)?;
     let start = c.tier_manifest().start_offset().ok_or("remote segments left")?;
     assert_eq!(c.log_start_offset(), start);
     let first = with_fetch(&c, || c.read_records(0, 1, 1 << 20)).await?;
     assert_eq!(first.first().map(|(o, _)| *o), Some(start));
+    // The trimmed objects may go once a snapshot at or past the trim replaced older ones.
+    assert_eq!(c.tier_trimmed_at(), 500);
+    assert!(c.take_tier_deletes(499).is_empty(), "a snapshot before the trim still names them");
+    let trimmed = c.take_tier_deletes(500);
+    assert!(
+        trimmed.iter().map(|s| s.base_offset).eq([manifest.segments[0].base_offset, manifest.segments[1].base_offset])
+    );
+
+    // A's older snapshot still names the trimmed segments: once their objects are deleted, a
+    // replica installing it skips them (the trim entry after the snapshot trims them there
+    // too) and still builds its index from the segments left.
+    for s in &trimmed {
+        store.delete(&s.object).await?;
+    }
+    let d = open(&root.path().join("d"), 1024, &store)?;
+    d.install_snapshot(&staged)?;
+    assert_eq!(d.tier_manifest(), manifest);
+    let k = KEYS - 1;
+    let newest = RECORDS - 1 - ((RECORDS - 1 + KEYS - k) % KEYS);
+    assert!(matches!(
+        with_fetch(&d, || d.read_key(format!("k{k}").as_bytes())).await?,
+        KeyRead::Found { offset, .. } if offset == newest
+    ));
+
+    // A store holding none of the objects (another directory, say) fails the install before
+    // it replaces anything.
+    let elsewhere = TierStore::open(&root.path().join("elsewhere").display().to_string())?;
+    let e = open(&root.path().join("e"), 1024, &elsewhere)?;
+    apply_all(&e)?;
+    assert!(matches!(e.install_snapshot(&staged), Err(Error::Unavailable(_))));
+    assert!(!root.path().join("e/partition/installing.json").exists(), "no install was started");
+    check_reads(&e).await?;
     Ok(())
 }
