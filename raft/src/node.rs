@@ -794,10 +794,8 @@ impl Node {
             .get(topic)
             .map_or_else(|| self.inner.config.log.clone(), |t| t.log_config(&self.inner.config.log));
         let store = self.inner.tier_store.clone();
-        let index = self.inner.index.clone();
-        // Recovery may scan the log and rebuild the index (fetching remote segments).
         let (partition, applied) =
-            crate::tier::blocking(|| Partition::open_with_tier(group, replica, &dir, log_config, index, store))?;
+            Partition::open_with_tier(group, replica, &dir, log_config, self.inner.index.clone(), store)?;
         let partition = Arc::new(partition);
         let snapshots = SnapshotStore::open(dir.join("snapshots"))?;
         let sm = GroupStateMachine::new(GroupData::Partition(partition.clone()), applied, snapshots);

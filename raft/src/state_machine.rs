@@ -266,9 +266,7 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
         match &self.data {
             GroupData::Partition(p) => {
                 // Verified above, before it was adopted.
-                // Reads every segment (remote ones too, fetched) to rebuild the index: the
-                // worker's other tasks move to another thread meanwhile.
-                let state = crate::tier::blocking(|| p.install_verified_snapshot(&adopted.dir)).map_err(to_io)?;
+                let state = p.install_verified_snapshot(&adopted.dir).map_err(to_io)?;
                 self.state = state;
             }
             GroupData::Controller(c) => {
