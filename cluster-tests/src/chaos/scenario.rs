@@ -46,6 +46,8 @@ use crate::support::settled;
 pub const SEED_ENV: &str = "LOGDEX_CHAOS_SEED";
 const TOPIC: &str = "chaos";
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often the nodes of a tiered run copy and delete segments.
+const TIERED_CLEANER_INTERVAL_MS: u64 = 300;
 
 /// Which faults a run applies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,6 +106,9 @@ pub struct Scenario {
     pub snapshot_every: Option<u64>,
     /// The chaos topic's `segment.bytes` (small segments give sealed ones to damage).
     pub segment_bytes: Option<u64>,
+    /// Tiered storage: the nodes share an object store and the chaos topic copies its sealed
+    /// segments there with `local.retention.ms=0`, so most reads come from remote segments.
+    pub tiered: bool,
     /// Workload before the first fault, time the faults run (for looping scenarios), and
     /// workload after the last heal.
     pub warmup: Duration,
@@ -137,6 +142,7 @@ impl Scenario {
             election_timeout_ms: 1000,
             snapshot_every,
             segment_bytes: (faults == Faults::Corruption).then_some(4096),
+            tiered: false,
             warmup: Duration::from_secs(5),
             fault_window,
             cooldown: Duration::from_secs(6),
@@ -151,6 +157,15 @@ impl Scenario {
                 fetches: 20,
             },
         }
+    }
+
+    /// [`Scenario::ci`] with tiered storage on: 2 KiB segments copied to the shared store and
+    /// deleted locally as soon as they are copied.
+    pub fn ci_tiered(name: &str, faults: Faults) -> Scenario {
+        let mut s = Scenario::ci(name, faults);
+        s.tiered = true;
+        s.segment_bytes = Some(2048);
+        s
     }
 
     /// The soak configuration: every fault mixed on 5 nodes for `minutes`.
@@ -171,6 +186,8 @@ impl Scenario {
             snapshot_every: self.snapshot_every,
             fsync_trace: matches!(self.faults, Faults::PowerLoss | Faults::Mixed),
             seed,
+            tiered_store: self.tiered,
+            cleaner_interval_ms: self.tiered.then_some(TIERED_CLEANER_INTERVAL_MS),
             ..ClusterOptions::default()
         }
     }
@@ -216,6 +233,10 @@ async fn run_on(cluster: &mut Cluster, s: &Scenario, seed: u64, rng: &mut StdRng
         spec.config.insert("cleanup.policy".into(), json!("delete"));
         if let Some(bytes) = s.segment_bytes {
             spec.config.insert("segment.bytes".into(), json!(bytes.to_string()));
+        }
+        if s.tiered {
+            spec.config.insert("remote.storage.enable".into(), json!("true"));
+            spec.config.insert("local.retention.ms".into(), json!("0"));
         }
         spec
     };
@@ -276,6 +297,7 @@ async fn run_on(cluster: &mut Cluster, s: &Scenario, seed: u64, rng: &mut StdRng
         checker::check_sessions(&ops, &converged.logs),
         converged.findings,
         check_coverage(&ops, &events, &s.coverage),
+        check_tiered(cluster, s).await,
     ];
     let report = report(s, seed, &ops, &events, &converged.logs, &findings) + &wgl.summary + "\n";
     let report = report + &converged.notes.iter().map(|n| format!("damage: {n}\n")).collect::<String>();
@@ -290,6 +312,33 @@ async fn run_on(cluster: &mut Cluster, s: &Scenario, seed: u64, rng: &mut StdRng
     let failed: Vec<String> =
         findings.iter().filter(|f| !f.is_ok()).map(|f| format!("{} ({} violations)", f.checker, f.count)).collect();
     Err(Error::Check(format!("CHECKER FAILED: {}; see the report above", failed.join(", "))))
+}
+
+/// C5 for a tiered run: the run read through remote segments only if the nodes hold some, so
+/// every node must report remote segments in `/metrics`.
+async fn check_tiered(cluster: &Cluster, s: &Scenario) -> Findings {
+    let mut f = Findings::new("C5 tiered coverage");
+    if !s.tiered {
+        return f;
+    }
+    for id in cluster.running_ids() {
+        let metrics = match cluster.api().get_url(&format!("{}/metrics", cluster.url(id))).await {
+            Ok(reply) => reply.text(),
+            Err(e) => {
+                f.add(format!("node {id}: /metrics failed: {e}"));
+                continue;
+            }
+        };
+        let remote: u64 = metrics
+            .lines()
+            .filter(|l| l.starts_with("logdex_partition_remote_segments{"))
+            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<u64>().ok()))
+            .sum();
+        if remote == 0 {
+            f.add(format!("node {id} holds no remote segments: tiered storage was not exercised"));
+        }
+    }
+    f
 }
 
 /// Heals every fault the run may have left: links, paused and stopped nodes.
