@@ -188,7 +188,6 @@ impl Scenario {
             seed,
             tiered_store: self.tiered,
             cleaner_interval_ms: self.tiered.then_some(TIERED_CLEANER_INTERVAL_MS),
-            ..ClusterOptions::default()
         }
     }
 }
