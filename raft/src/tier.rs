@@ -370,6 +370,13 @@ impl TierCache {
             return Ok(None);
         }
         drop(bytes);
+        self.open_checked(segment).map(Some)
+    }
+
+    /// Opens the copy of `segment` whose bytes passed the size and CRC-32C check: the batch
+    /// scan and the offsets, then keeps it open.
+    fn open_checked(&self, segment: &RemoteSegment) -> Result<Arc<Log>> {
+        let dir = self.segment_dir(range_of(segment));
         let log = Arc::new(Log::open(&dir, LogConfig::default())?);
         // A compacted segment may end before the next one starts: its end is at most `next`.
         if log.size_bytes() != segment.size_bytes
@@ -389,16 +396,14 @@ impl TierCache {
             )));
         }
         self.remember(range_of(segment), log.clone())?;
-        Ok(Some(log))
+        Ok(log)
     }
 
     /// Stores `bytes` as the cached copy of `segment` and opens it, checked as [`TierCache::load`]
     /// checks a copy. The leader checks a local segment this way before it copies it.
     pub fn fill_and_open(&self, segment: &RemoteSegment, bytes: &[u8]) -> Result<Arc<Log>> {
         self.fill(segment, bytes)?;
-        self.load(segment)?.ok_or_else(|| {
-            Error::Corrupted(format!("remote segment {} vanished from the cache after it was stored", segment.object))
-        })
+        self.open_checked(segment)
     }
 
     fn remember(&self, range: Range, log: Arc<Log>) -> Result<()> {
