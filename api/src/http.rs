@@ -638,6 +638,17 @@ async fn read_target(s: &AppState, record: &PartitionRecord) -> Result<u64, ApiE
     record.replicas.first().map(|r| r.node_id).ok_or_else(|| ApiError::Unavailable("partition has no replicas".into()))
 }
 
+/// Another replica of `record` to ask when this one's data is damaged: the leader when it is
+/// another node, else the first other replica.
+fn healthy_replica(s: &AppState, record: &PartitionRecord, hosted: &logdex_raft::node::HostedGroup) -> Option<u64> {
+    let me = s.router.node.node_id();
+    s.router
+        .node
+        .leader_node(hosted)
+        .filter(|l| *l != me)
+        .or_else(|| record.replicas.iter().map(|r| r.node_id).find(|n| *n != me))
+}
+
 async fn get_key(
     State(s): State<AppState>,
     Query(q): Query<CommonQuery>,
@@ -668,7 +679,17 @@ async fn get_key(
             .await
             .map_err(|e| ApiError::Unavailable(e.to_string()))?;
     }
-    let (read, hw) = s.router.node.read_key(p.group_id, &key, mode).await?;
+    let (read, hw) = match s.router.node.read_key(p.group_id, &key, mode).await {
+        Ok(answer) => answer,
+        // This replica's copy of the record is damaged: another replica answers, once
+        // (a forwarded request, or `forward=false`, gets the 500 `corrupt_data`).
+        Err(e) if e.is_corrupt_data() && hop.forward && !hop.forwarded => {
+            let Some(target) = healthy_replica(&s, p, &hosted) else { return Err(e.into()) };
+            tracing::warn!(group = p.group_id, error = %e, target, "lookup of a damaged record forwarded to another replica");
+            return s.router.redirect(target, hop, Method::GET, &path_and_query(&uri), &headers, Bytes::new()).await;
+        }
+        Err(e) => return Err(e.into()),
+    };
     let node_id = s.router.node.node_id();
     let meta = |resp: &mut Response| {
         let h = resp.headers_mut();
