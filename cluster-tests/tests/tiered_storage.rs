@@ -176,6 +176,13 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
     .await?;
     check_lookups(cluster, 4, &Read::linearizable()).await?;
     check_fetch(cluster, 4, records).await?;
+    let metrics = api.get_url(&format!("{}/metrics", cluster.url(4))).await?.text();
+    let gauge = |name: &str| -> u64 {
+        metrics.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok()).sum()
+    };
+    ensure!(gauge("logdex_partition_snapshots_installed_total{") >= 1, "node 4 joined through a snapshot");
+    ensure!(gauge("logdex_partition_remote_segments{") >= 10, "node 4's manifest names the copies");
+    ensure!(local_segments(cluster, 4) <= 2, "node 4 holds only the newest segments locally");
 
     // Retention trims the remote segments, their objects go, their keys answer 410.
     let objects = log_files(&cluster.tiered_dir());
@@ -205,12 +212,13 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
     )
     .await?
     .expect_status(200)?;
+    let before = log_files(&cluster.tiered_dir());
     for k in 0..KEYS / 4 {
         api.put(&cluster.url(1), TOPIC, format!("n-{k}").as_bytes(), value(k, 3).as_bytes())
             .await?
             .expect_status(200)?;
     }
-    wait_until("new segments are copied", async || Ok(log_files(&cluster.tiered_dir()) > 0)).await?;
+    wait_until("new segments are copied", async || Ok(log_files(&cluster.tiered_dir()) > before)).await?;
     api.request(reqwest::Method::DELETE, &format!("{}/topics/{TOPIC}", cluster.url(1)), None)
         .await?
         .expect_status(200)?;

@@ -170,6 +170,8 @@ struct NodeInner {
     read_index_stats: ReadIndexStats,
     /// Tiered storage's object store, when configured.
     tier_store: Option<TierStore>,
+    /// Per group, the trim point whose objects this node last collected.
+    tier_collected: std::sync::Mutex<HashMap<GroupId, u64>>,
     stop: tokio::sync::watch::Sender<bool>,
 }
 
@@ -232,6 +234,7 @@ impl Node {
                 forwarders: Default::default(),
                 read_index_stats: Default::default(),
                 tier_store,
+                tier_collected: Default::default(),
                 stop,
             }),
         })
@@ -557,10 +560,12 @@ impl Node {
     /// every replica, deletes local segments the store holds past local retention.
     async fn tier_pass(&self, g: &HostedGroup, store: &TierStore, policy: &TierPolicy) -> Result<()> {
         // A snapshot taken before a trim names the trimmed objects: every replica takes a new
-        // one after a trim, and the leader deletes trimmed objects only once its own current
-        // snapshot (the one it sends) is past the trim.
+        // one after a trim (the manifest keeps the trim's log index across restarts), and the
+        // leader deletes trimmed objects only once its own current snapshot (the one it
+        // sends) is past the trim.
         let snapshot_index = crate::types::metrics_of(&g.raft).snapshot.map_or(0, |l| l.index);
-        if g.partition.tier_trimmed_at() > snapshot_index {
+        let manifest = g.partition.tier_manifest();
+        if manifest.trimmed_at > snapshot_index {
             g.raft.trigger().snapshot().await.map_err(Error::unavailable)?;
         }
         if self.leader_node(g) == Some(self.node_id()) {
@@ -568,9 +573,8 @@ impl Node {
                 self.tier_upload(g, store, &segment).await?;
             }
             self.tier_expire(g, policy).await?;
-            for segment in g.partition.take_tier_deletes(snapshot_index) {
-                store.delete(&segment.object).await?;
-                tracing::info!(group = g.group_id, object = %segment.object, "deleted a trimmed segment's object");
+            if manifest.trimmed_to > 0 && manifest.trimmed_at <= snapshot_index {
+                self.tier_collect(g, store, &manifest).await?;
             }
         }
         let p = g.partition.clone();
@@ -648,6 +652,42 @@ impl Node {
         let Some(to) = trim_to else { return Ok(()) };
         self.tier_write(g, pb::tier_command::Kind::TrimTo(to)).await?;
         tracing::info!(group = g.group_id, start_offset = to, "retention trimmed tiered storage");
+        Ok(())
+    }
+
+    /// Deletes the partition's objects that retention trimmed (ending at or before
+    /// `manifest.trimmed_to`) and that the manifest does not name, found by listing the
+    /// partition's prefix, so trims forgotten by a restart or a change of leader and uploads
+    /// that never committed below the trim are collected too. The store's trim marker is
+    /// raised first: a replica installing an older snapshot then knows those objects may be
+    /// gone. Once per trim point per node.
+    async fn tier_collect(&self, g: &HostedGroup, store: &TierStore, manifest: &crate::tier::Manifest) -> Result<()> {
+        {
+            let collected = self.inner.tier_collected.lock().unwrap_or_else(|p| p.into_inner());
+            if collected.get(&g.group_id) == Some(&manifest.trimmed_to) {
+                return Ok(());
+            }
+        }
+        let prefix = crate::tier::object_prefix(&g.topic, g.partition_no, g.group_id);
+        store.raise_trimmed_to(&prefix, manifest.trimmed_to).await?;
+        let named: std::collections::HashSet<&str> = manifest.segments.iter().map(|s| s.object.as_str()).collect();
+        let mut deleted = 0;
+        for key in store.list(&prefix).await? {
+            let trimmed = crate::tier::range_of_key(&key).is_some_and(|(_, next)| next <= manifest.trimmed_to);
+            if trimmed && !named.contains(key.as_str()) {
+                store.delete(&key).await?;
+                deleted += 1;
+            }
+        }
+        if deleted > 0 {
+            tracing::info!(
+                group = g.group_id,
+                objects = deleted,
+                trimmed_to = manifest.trimmed_to,
+                "deleted trimmed objects"
+            );
+        }
+        self.inner.tier_collected.lock().unwrap_or_else(|p| p.into_inner()).insert(g.group_id, manifest.trimmed_to);
         Ok(())
     }
 
@@ -1208,7 +1248,14 @@ async fn with_tier<T>(partition: &Partition, mut read: impl FnMut() -> Result<T>
         match read() {
             Err(Error::TierMiss { segments, .. }) => {
                 for segment in &segments {
-                    partition.tier_cache().fetch(segment).await?;
+                    match partition.tier_cache().fetch(segment).await {
+                        // Trimmed by retention and deleted before this replica applied the
+                        // trim: it will answer 410 once it has.
+                        Err(Error::NotFound(what)) => {
+                            return Err(Error::Unavailable(format!("{what} is gone; retention trimmed it")));
+                        }
+                        other => other?,
+                    }
                 }
             }
             other => return other,

@@ -49,6 +49,8 @@ use crate::types::LogId;
 use crate::types::ReplicaId;
 use crate::types::StoredMembership;
 
+/// Rounds of a fetch that meets local retention moving the local log's start meanwhile.
+const READ_ROUNDS_MAX: usize = 4;
 /// Name of the durable checkpoint file in a partition directory.
 const CHECKPOINT_FILE: &str = "checkpoint.json";
 /// Present while a snapshot is being installed: names the snapshot directory.
@@ -107,22 +109,11 @@ struct Tier {
     /// Changed only by applied `TierCommand`s and snapshot installs, saved before it changes.
     manifest: RwLock<Manifest>,
     cache: TierCache,
-    /// Segments trimmed by retention, with the Raft log index of the trim: their objects are
-    /// deleted once a snapshot past that index replaced the ones naming them (in memory: a
-    /// restart forgets them, and their objects stay).
-    pending_deletes: std::sync::Mutex<Vec<(u64, RemoteSegment)>>,
-    /// Log index of the last applied trim.
-    trimmed_at: AtomicU64,
 }
 
 impl Tier {
     fn new(manifest: Manifest, cache: TierCache) -> Tier {
-        Tier {
-            manifest: RwLock::new(manifest),
-            cache,
-            pending_deletes: Default::default(),
-            trimmed_at: AtomicU64::new(0),
-        }
+        Tier { manifest: RwLock::new(manifest), cache }
     }
 }
 
@@ -336,29 +327,31 @@ impl Partition {
     }
 
     /// Before a snapshot replaces anything: when its manifest names remote segments (the
-    /// index rebuild reads those below its local log), the store must hold one of them (a
-    /// missing oldest few were trimmed by retention after the snapshot was taken; none at all
-    /// means this node reads another store than its peers, or has none).
+    /// index rebuild reads those below its local log), the store must hold each of them,
+    /// except those retention trimmed after the snapshot was taken (at or below the store's
+    /// trim marker, whose objects may be gone). Anything else missing means this node reads
+    /// another store than its peers.
     fn check_remote_segments(&self, snapshot_dir: &Path) -> Result<()> {
         let manifest = Manifest::load(snapshot_dir)?;
-        if manifest.segments.is_empty() {
-            return Ok(());
-        }
+        let Some(first) = manifest.segments.first() else { return Ok(()) };
         let store = self.tier.cache.store().ok_or_else(|| {
             Error::Unavailable(
                 "the snapshot's data is partly in tiered storage and this node has no --tiered-store".into(),
             )
         })?;
-        for segment in &manifest.segments {
-            if futures::executor::block_on(store.exists(&segment.object))? {
-                return Ok(());
+        let trimmed_to = futures::executor::block_on(store.trimmed_to(crate::tier::prefix_of(&first.object)))?;
+        for segment in manifest.segments.iter().filter(|s| s.next_offset > trimmed_to) {
+            if !futures::executor::block_on(store.exists(&segment.object))? {
+                return Err(Error::Unavailable(format!(
+                    "the tiered store {} lacks {} (offsets {}..{}), which the snapshot names and retention did not trim (trimmed to {trimmed_to}); is --tiered-store the directory the other nodes use?",
+                    store.location(),
+                    segment.object,
+                    segment.base_offset,
+                    segment.next_offset
+                )));
             }
         }
-        Err(Error::Unavailable(format!(
-            "the tiered store {} holds none of the {} remote segment(s) the snapshot names; is --tiered-store the directory the other nodes use?",
-            store.location(),
-            manifest.segments.len()
-        )))
+        Ok(())
     }
 
     /// The offset after the last applied record.
@@ -462,6 +455,12 @@ impl Partition {
     /// Makes everything applied so far survive power loss and records the point
     /// recovery may roll back to.
     pub fn checkpoint(&self) -> Result<()> {
+        self.checkpoint_at().map(|_| ())
+    }
+
+    /// [`Partition::checkpoint`]; returns the offset the checkpoint now records, `None` when
+    /// none was written (nothing applied yet, or more was applied while it synced).
+    fn checkpoint_at(&self) -> Result<Option<Offset>> {
         let next_offset = {
             let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
             log.sync()?;
@@ -474,11 +473,11 @@ impl Partition {
         let log_dir = self.dir.join("log");
         crate::fsync_trace::durable(&[index_dir.as_deref().unwrap_or(&self.dir), &log_dir]);
         let Some(marker) = self.index.applied(self.replica)? else {
-            return Ok(());
+            return Ok(None);
         };
         if marker.next_offset > next_offset {
             // Applied more while we synced; the next checkpoint covers it.
-            return Ok(());
+            return Ok(None);
         }
         let checkpoint = Checkpoint { state: marker.state, next_offset: marker.next_offset };
         write_file_durably(&self.dir, CHECKPOINT_FILE, &serde_json::to_vec(&checkpoint).unwrap_or_default())?;
@@ -494,7 +493,7 @@ impl Partition {
                 "re-applied past the index's old applied point"
             );
         }
-        Ok(())
+        Ok(Some(checkpoint.next_offset))
     }
 
     /// The live record for `key`, as of this replica's applied state.
@@ -574,15 +573,18 @@ impl Partition {
     /// the remote segment is not cached yet), one remote segment per answer.
     pub fn read_records(&self, offset: Offset, max_records: usize, max_bytes: usize) -> Result<Vec<(Offset, Record)>> {
         let hw = self.high_watermark();
-        let log = self.log.read().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
-        let local_start = log.start_offset();
-        // Below the log start (retention moved it) the fetch starts at the first
-        // readable record, which the answer's offsets make visible.
-        let mut offset = offset.max(self.logical_start(local_start));
-        if offset >= hw {
-            return Ok(Vec::new());
-        }
-        if offset < local_start {
+        let mut offset = offset;
+        // Local retention may move the local start while the remote segments are read: then
+        // the offsets between are read from the remote segments on the next round.
+        for _ in 0..READ_ROUNDS_MAX {
+            let log = self.log.read().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
+            let local_start = log.start_offset();
+            // Below the log start (retention moved it) the fetch starts at the first
+            // readable record, which the answer's offsets make visible.
+            offset = offset.max(self.logical_start(local_start));
+            if offset >= local_start || offset >= hw {
+                return Self::read_local(&log, offset, hw, max_records, max_bytes);
+            }
             drop(log);
             // Remote segments in order from `offset`; a gap retention left is skipped.
             while offset < local_start {
@@ -603,10 +605,9 @@ impl Partition {
                 }
                 offset = segment.next_offset;
             }
-            let log = self.log.read().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
-            return Self::read_local(&log, offset.max(log.start_offset()), hw, max_records, max_bytes);
+            offset = offset.max(local_start);
         }
-        Self::read_local(&log, offset, hw, max_records, max_bytes)
+        Err(Error::Unavailable(format!("group {}: the log kept moving while it was read; retry", self.group)))
     }
 
     fn read_local(
@@ -641,8 +642,8 @@ impl Partition {
             }
             Some(pb::tier_command::Kind::TrimTo(to)) => {
                 let mut next = manifest.clone();
-                let trimmed = next.trim(*to);
-                if !trimmed.is_empty() {
+                next.trim(*to, log_index);
+                if next != *manifest {
                     next.save(&self.dir)?;
                     *manifest = next;
                 }
@@ -654,28 +655,10 @@ impl Partition {
                 if start > 0 {
                     self.index.set_watermark(self.replica, start)?;
                 }
-                let mut pending = self.tier.pending_deletes.lock().unwrap_or_else(|p| p.into_inner());
-                pending.extend(trimmed.into_iter().map(|s| (log_index, s)));
-                self.tier.trimmed_at.fetch_max(log_index, Ordering::AcqRel);
             }
             None => {}
         }
         Ok(())
-    }
-
-    /// Raft log index of the last applied trim of remote segments (0: none since this
-    /// replica opened). A snapshot taken before it still names the trimmed objects.
-    pub fn tier_trimmed_at(&self) -> u64 {
-        self.tier.trimmed_at.load(Ordering::Acquire)
-    }
-
-    /// Takes the trimmed remote segments whose trim entry is at or below `snapshot_index`
-    /// (this replica's snapshot no longer names them): their objects may be deleted.
-    pub fn take_tier_deletes(&self, snapshot_index: u64) -> Vec<RemoteSegment> {
-        let mut pending = self.tier.pending_deletes.lock().unwrap_or_else(|p| p.into_inner());
-        let (ready, later): (Vec<_>, Vec<_>) = pending.drain(..).partition(|(i, _)| *i <= snapshot_index);
-        *pending = later;
-        ready.into_iter().map(|(_, s)| s).collect()
     }
 
     /// Sealed local segments the manifest does not reach yet, oldest first: what the
@@ -712,10 +695,12 @@ impl Partition {
         if !due(&*self.log.read().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?) {
             return Ok(0);
         }
-        self.checkpoint()?;
+        // The recovery point must stay inside the local log: only segments ending at or
+        // before a checkpoint just written may go (none when it could not be written).
+        let Some(durable) = self.checkpoint_at()? else { return Ok(0) };
         let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
         let mut deleted = 0;
-        while due(&log) {
+        while due(&log) && log.segments().first().is_some_and(|s| s.next_offset <= durable) {
             log.delete_oldest_sealed()?;
             deleted += 1;
         }
@@ -917,8 +902,18 @@ fn keyed_records<'a>(
     let mut yielded_until: Offset = 0;
     let mut buffered = std::collections::VecDeque::new();
     let mut failed = false;
-    // Whether a remote segment's object was found, and how many were missing before it.
-    let (mut found_any, mut missing) = (false, 0usize);
+    // The store's trim marker for this partition, read at the first missing object.
+    let mut marker: Option<Offset> = None;
+    let mut trimmed_to = move |segment: &RemoteSegment| -> Offset {
+        *marker.get_or_insert_with(|| {
+            cache
+                .store()
+                .and_then(|store| {
+                    futures::executor::block_on(store.trimmed_to(crate::tier::prefix_of(&segment.object))).ok()
+                })
+                .unwrap_or(0)
+        })
+    };
     let remote_records = std::iter::from_fn(move || {
         loop {
             if failed {
@@ -948,32 +943,23 @@ fn keyed_records<'a>(
             }
             let Some(segment) = segments.next() else {
                 failed = true;
-                if !found_any && missing > 0 {
-                    // Not one object found: more likely a store other than the one the
-                    // copies went to than a trim of everything.
-                    return Some(Err(Error::Unavailable(format!(
-                        "the tiered store holds none of the {missing} remote segment(s) this replica's manifest names; is --tiered-store the directory the other nodes use?"
-                    ))));
-                }
                 return None;
             };
             match cache.get_or_fetch_blocking(&segment) {
                 Ok(remote) => {
-                    found_any = true;
                     let from = segment.base_offset.max(yielded_until);
                     current = Some((remote, from, segment.next_offset.min(local_start)));
                 }
-                Err(Error::NotFound(what)) if !found_any => {
-                    // The oldest remote segments of an older snapshot may be trimmed by
-                    // retention (and their objects deleted) after it was taken: the entries
-                    // after the snapshot trim them here too.
+                Err(Error::NotFound(what)) if segment.next_offset <= trimmed_to(&segment) => {
+                    // Retention trimmed this segment after the snapshot (or manifest) naming
+                    // it was taken, and its object is gone: the trim entry that follows
+                    // trims it here too.
                     tracing::warn!(
                         base_offset = segment.base_offset,
                         next_offset = segment.next_offset,
                         %what,
                         "skipping a remote segment whose object is gone (trimmed by retention)"
                     );
-                    missing += 1;
                 }
                 Err(e) => {
                     failed = true;

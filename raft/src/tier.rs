@@ -91,11 +91,19 @@ impl RemoteSegment {
 pub struct Manifest {
     pub version: u8,
     pub segments: Vec<RemoteSegment>,
+    /// Offset of the last trim (`TierCommand` `trim_to`): remote segments ending at or before
+    /// it left the manifest, and their objects may be deleted.
+    #[serde(default)]
+    pub trimmed_to: Offset,
+    /// Raft log index of that trim's entry: a snapshot taken before it still names the
+    /// trimmed objects.
+    #[serde(default)]
+    pub trimmed_at: u64,
 }
 
 impl Default for Manifest {
     fn default() -> Manifest {
-        Manifest { version: MANIFEST_VERSION, segments: Vec::new() }
+        Manifest { version: MANIFEST_VERSION, segments: Vec::new(), trimmed_to: 0, trimmed_at: 0 }
     }
 }
 
@@ -171,8 +179,11 @@ impl Manifest {
         at >= to
     }
 
-    /// Removes the segments ending at or before `to` and returns them.
-    pub fn trim(&mut self, to: Offset) -> Vec<RemoteSegment> {
+    /// Removes the segments ending at or before `to` and returns them; records the trim
+    /// (`to`, and `log_index`, the Raft log index of its entry).
+    pub fn trim(&mut self, to: Offset, log_index: u64) -> Vec<RemoteSegment> {
+        self.trimmed_to = self.trimmed_to.max(to);
+        self.trimmed_at = self.trimmed_at.max(log_index);
         let keep = self.segments.partition_point(|s| s.next_offset <= to);
         self.segments.drain(..keep).collect()
     }
@@ -258,6 +269,41 @@ impl TierStore {
         }
     }
 
+    /// The keys of every object under `prefix/`.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        use futures::StreamExt;
+        let prefix = Self::path(prefix)?;
+        let mut listed = self.store.list(Some(&prefix));
+        let mut keys = Vec::new();
+        while let Some(meta) = listed.next().await {
+            keys.push(meta.map_err(store_error)?.location.to_string());
+        }
+        Ok(keys)
+    }
+
+    /// The partition's trim marker (`<prefix>/trimmed-to`): every copy of a segment ending at
+    /// or before it may have been deleted. 0 when there is none.
+    pub async fn trimmed_to(&self, prefix: &str) -> Result<Offset> {
+        let key = format!("{prefix}/{TRIM_MARKER}");
+        match self.get(&key).await {
+            Ok(bytes) => std::str::from_utf8(&bytes)
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+                .ok_or_else(|| Error::Corrupted(format!("object {key} is not an offset"))),
+            Err(Error::NotFound(_)) => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Raises the partition's trim marker to `to` (never lowers it); written, durably,
+    /// before any object below it is deleted.
+    pub async fn raise_trimmed_to(&self, prefix: &str, to: Offset) -> Result<()> {
+        if self.trimmed_to(prefix).await? >= to {
+            return Ok(());
+        }
+        self.put(&format!("{prefix}/{TRIM_MARKER}"), Bytes::from(to.to_string())).await
+    }
+
     /// Deletes every object under `prefix/` (a deleted partition's `<topic>/<partition>-<group>`).
     /// Returns how many were deleted.
     pub async fn delete_prefix(&self, prefix: &str) -> Result<usize> {
@@ -284,6 +330,21 @@ impl TierStore {
             Err(e) => Err(store_error(e)),
         }
     }
+}
+
+/// Name of the trim marker object in a partition's prefix.
+pub const TRIM_MARKER: &str = "trimmed-to";
+
+/// The prefix of an object key (its partition's `<topic>/<partition>-<group>`).
+pub fn prefix_of(object: &str) -> &str {
+    object.rsplit_once('/').map_or("", |(prefix, _)| prefix)
+}
+
+/// The offsets `(base, next)` an object key names, from its file name.
+pub fn range_of_key(object: &str) -> Option<(Offset, Offset)> {
+    let name = object.rsplit('/').next()?;
+    let mut parts = name.split('-');
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
 /// The prefix of every object key of one partition's copies (Raft group `group`).
@@ -317,11 +378,27 @@ pub struct TierCache {
     /// One fetch at a time per replica: readers missing the same segment wait for one
     /// download instead of each starting their own.
     fetching: tokio::sync::Mutex<()>,
+    /// Held while a copy is written into place (a read's fetch and an install's may race).
+    files: Mutex<()>,
 }
 
 impl TierCache {
+    /// The cache in `dir`; copies a crash left half written (`*.tmp`) are removed.
     pub fn new(dir: PathBuf, store: Option<TierStore>) -> TierCache {
-        TierCache { dir, store, open: Mutex::new(VecDeque::new()), fetching: tokio::sync::Mutex::new(()) }
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            for entry in entries.flatten() {
+                if entry.file_name().to_string_lossy().ends_with(".tmp") {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        TierCache {
+            dir,
+            store,
+            open: Mutex::new(VecDeque::new()),
+            fetching: tokio::sync::Mutex::new(()),
+            files: Mutex::new(()),
+        }
     }
 
     pub fn store(&self) -> Option<&TierStore> {
@@ -425,6 +502,7 @@ impl TierCache {
     /// CRC-32C against the manifest entry.
     pub fn fill(&self, segment: &RemoteSegment, bytes: &[u8]) -> Result<()> {
         check_object(segment, bytes)?;
+        let _files = self.files.lock().unwrap_or_else(|p| p.into_inner());
         let range = range_of(segment);
         let dir = self.segment_dir(range);
         let tmp = self.dir.join(format!("{:020}-{:020}.tmp", range.0, range.1));
@@ -562,8 +640,11 @@ mod tests {
         for (b, n) in [(0, 10), (10, 20), (20, 30)] {
             assert!(m.add(segment(b, n)));
         }
-        assert!(m.trim(15).iter().map(|s| s.base_offset).eq([0]));
-        assert!(m.trim(20).iter().map(|s| s.base_offset).eq([10]));
+        assert!(m.trim(15, 7).iter().map(|s| s.base_offset).eq([0]));
+        assert!(m.trim(20, 9).iter().map(|s| s.base_offset).eq([10]));
+        assert_eq!((m.trimmed_to, m.trimmed_at), (20, 9));
+        assert!(m.trim(18, 8).is_empty(), "an older trim moves nothing back");
+        assert_eq!((m.trimmed_to, m.trimmed_at), (20, 9));
         assert_eq!(m.start_offset(), Some(20));
     }
 

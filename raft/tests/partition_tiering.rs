@@ -170,29 +170,54 @@ async fn a_replica_reads_remote_segments_and_its_snapshot_rebuilds_a_complete_in
     assert_eq!(c.log_start_offset(), start);
     let first = with_fetch(&c, || c.read_records(0, 1, 1 << 20)).await?;
     assert_eq!(first.first().map(|(o, _)| *o), Some(start));
-    // The trimmed objects may go once a snapshot at or past the trim replaced older ones.
-    assert_eq!(c.tier_trimmed_at(), 500);
-    assert!(c.take_tier_deletes(499).is_empty(), "a snapshot before the trim still names them");
-    let trimmed = c.take_tier_deletes(500);
-    assert!(
-        trimmed.iter().map(|s| s.base_offset).eq([manifest.segments[0].base_offset, manifest.segments[1].base_offset])
-    );
+    let manifest_c = c.tier_manifest();
+    assert_eq!((manifest_c.trimmed_to, manifest_c.trimmed_at), (trim_to, 500), "the trim is recorded");
+    let trimmed: Vec<RemoteSegment> = manifest.segments.iter().filter(|s| s.next_offset <= trim_to).cloned().collect();
+    assert_eq!(trimmed.len(), 2);
+    let prefix = logdex_raft::tier::prefix_of(&trimmed[0].object).to_string();
 
-    // A's older snapshot still names the trimmed segments: once their objects are deleted, a
-    // replica installing it skips them (the trim entry after the snapshot trims them there
-    // too) and still builds its index from the segments left.
+    // Objects gone without the trim marker: a replica installing a's older snapshot (which
+    // still names them) refuses it before replacing anything.
+    let stash: Vec<(String, Bytes)> = {
+        let mut v = Vec::new();
+        for s in &trimmed {
+            v.push((s.object.clone(), store.get(&s.object).await?));
+            store.delete(&s.object).await?;
+        }
+        v
+    };
+    let refusing = open(&root.path().join("refusing"), 1024, &store)?;
+    assert!(matches!(refusing.install_snapshot(&staged), Err(Error::Unavailable(_))));
+    for (key, bytes) in stash {
+        store.put(&key, bytes).await?;
+    }
+
+    // With the marker raised before they are deleted (as the leader does), the same install
+    // skips them: the trim entry after the snapshot trims them there too. Every key whose
+    // newest record is past the trim is found.
+    store.raise_trimmed_to(&prefix, trim_to).await?;
+    assert_eq!(store.trimmed_to(&prefix).await?, trim_to);
     for s in &trimmed {
         store.delete(&s.object).await?;
     }
     let d = open(&root.path().join("d"), 1024, &store)?;
     d.install_snapshot(&staged)?;
     assert_eq!(d.tier_manifest(), manifest);
-    let k = KEYS - 1;
-    let newest = RECORDS - 1 - ((RECORDS - 1 + KEYS - k) % KEYS);
-    assert!(matches!(
-        with_fetch(&d, || d.read_key(format!("k{k}").as_bytes())).await?,
-        KeyRead::Found { offset, .. } if offset == newest
-    ));
+    let newest_of = |k: u64| RECORDS - 1 - ((RECORDS - 1 + KEYS - k) % KEYS);
+    let mut checked = 0;
+    for k in (0..KEYS).filter(|k| newest_of(*k) >= trim_to) {
+        match with_fetch(&d, || d.read_key(format!("k{k}").as_bytes())).await? {
+            KeyRead::Found { offset, .. } => assert_eq!(offset, newest_of(k), "key k{k}"),
+            other => panic!("key k{k}: {other:?}"),
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, KEYS, "every key's newest record is past the trim");
+    let remote_end = manifest.end_offset().ok_or("remote segments")?;
+    assert!(
+        (0..KEYS).filter(|k| newest_of(*k) < remote_end).count() > KEYS as usize / 2,
+        "most keys' newest records are in remote segments (a's local copies were deleted)"
+    );
 
     // A store holding none of the objects (another directory, say) fails the install before
     // it replaces anything.
