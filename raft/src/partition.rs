@@ -664,13 +664,20 @@ impl Partition {
     /// Sealed local segments the manifest does not reach yet, oldest first: what the
     /// leader copies next. Only offsets below the high watermark (all applied, so all
     /// committed).
+    /// Segments ending at or before the last trim are never copied: they are past retention,
+    /// and the leader's collection of trimmed objects could delete such a copy before its
+    /// `add` commits.
     pub fn tier_candidates(&self) -> Vec<logdex_log::SegmentInfo> {
-        let end = self.manifest().end_offset();
+        let (end, trimmed_to) = {
+            let manifest = self.manifest();
+            (manifest.end_offset(), manifest.trimmed_to)
+        };
         let hw = self.high_watermark();
         let Ok(log) = self.log.read() else { return Vec::new() };
         log.segments()
             .into_iter()
-            .filter(|s| s.sealed && s.size_bytes > 0 && s.next_offset <= hw && end.is_none_or(|e| s.next_offset > e))
+            .filter(|s| s.sealed && s.size_bytes > 0 && s.next_offset <= hw)
+            .filter(|s| s.next_offset > trimmed_to && end.is_none_or(|e| s.next_offset > e))
             .collect()
     }
 

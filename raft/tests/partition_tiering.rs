@@ -219,6 +219,16 @@ async fn a_replica_reads_remote_segments_and_its_snapshot_rebuilds_a_complete_in
         "most keys' newest records are in remote segments (a's local copies were deleted)"
     );
 
+    // A replica whose manifest was trimmed past some of its local segments never copies them:
+    // they are past retention.
+    let f = open(&root.path().join("f"), 1024, &store)?;
+    apply_all(&f)?;
+    let all = f.tier_candidates();
+    f.apply_tier(&pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(trim_to)) }, 9)?;
+    let left = f.tier_candidates();
+    assert!(left.len() < all.len() && !left.is_empty(), "{} of {} candidates left", left.len(), all.len());
+    assert!(left.iter().all(|s| s.next_offset > trim_to));
+
     // A store holding none of the objects (another directory, say) fails the install before
     // it replaces anything.
     let elsewhere = TierStore::open(&root.path().join("elsewhere").display().to_string())?;
