@@ -121,14 +121,7 @@ async fn main() -> BenchResult {
     let mut remote = Vec::new();
     for s in &segments {
         let bytes = std::fs::read(&s.path)?;
-        let r = RemoteSegment {
-            base_offset: s.base_offset,
-            next_offset: s.next_offset,
-            size_bytes: bytes.len() as u64,
-            crc32c: crc32c::crc32c(&bytes),
-            max_timestamp_ms: s.max_timestamp_ms,
-            object: logdex_raft::tier::object_key("bench", 0, 3, s.base_offset, s.next_offset),
-        };
+        let r = RemoteSegment::of_copy(s, &bytes, "bench", 0, 3);
         tiered.tier_cache().fill_and_open(&r, &bytes)?;
         store.put(&r.object, Bytes::from(bytes)).await?;
         tiered.apply_tier(&pb::TierCommand { kind: Some(pb::tier_command::Kind::Add(r.to_pb())) }, 1)?;

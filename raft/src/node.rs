@@ -599,17 +599,8 @@ impl Node {
     /// An upload whose commit fails leaves an object no manifest names (ARCHITECTURE.md).
     async fn tier_upload(&self, g: &HostedGroup, store: &TierStore, segment: &logdex_log::SegmentInfo) -> Result<()> {
         let bytes = tokio::fs::read(&segment.path).await?;
-        let object =
-            crate::tier::object_key(&g.topic, g.partition_no, g.group_id, segment.base_offset, segment.next_offset);
         let remote = crate::tier::blocking(|| {
-            let remote = RemoteSegment {
-                base_offset: segment.base_offset,
-                next_offset: segment.next_offset,
-                size_bytes: bytes.len() as u64,
-                crc32c: crc32c::crc32c(&bytes),
-                max_timestamp_ms: segment.max_timestamp_ms,
-                object,
-            };
+            let remote = RemoteSegment::of_copy(segment, &bytes, &g.topic, g.partition_no, g.group_id);
             g.partition.tier_cache().fill_and_open(&remote, &bytes).map(|_| remote)
         })?;
         store.put(&remote.object, bytes::Bytes::from(bytes)).await?;

@@ -57,6 +57,25 @@ pub struct RemoteSegment {
 }
 
 impl RemoteSegment {
+    /// The manifest entry of a copy of the local sealed segment `segment`, whose file holds
+    /// `bytes`, stored as a new object of partition `partition` (Raft group `group`) of `topic`.
+    pub fn of_copy(
+        segment: &logdex_log::SegmentInfo,
+        bytes: &[u8],
+        topic: &str,
+        partition: u32,
+        group: u64,
+    ) -> RemoteSegment {
+        RemoteSegment {
+            base_offset: segment.base_offset,
+            next_offset: segment.next_offset,
+            size_bytes: bytes.len() as u64,
+            crc32c: crc32c::crc32c(bytes),
+            max_timestamp_ms: segment.max_timestamp_ms,
+            object: object_key(topic, partition, group, segment.base_offset, segment.next_offset),
+        }
+    }
+
     pub fn to_pb(&self) -> pb::RemoteSegment {
         pb::RemoteSegment {
             base_offset: self.base_offset,

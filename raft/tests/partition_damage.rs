@@ -16,13 +16,16 @@ use logdex_log::Record;
 use logdex_raft::partition::AppliedState;
 use logdex_raft::partition::KeyRead;
 use logdex_raft::partition::Partition;
-use logdex_raft::pb;
 use logdex_raft::snapshot::SnapshotFiles;
 use logdex_raft::snapshot::SnapshotStore;
 use logdex_raft::state_machine::GroupData;
 use logdex_raft::state_machine::GroupStateMachine;
 use logdex_raft::types::SnapshotMeta;
 use openraft::storage::RaftStateMachine;
+
+mod common;
+
+use common::applied;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 /// A batch in a sealed segment: `(segment file, position, base offset)`.
@@ -34,17 +37,7 @@ const KEYS: u64 = 20;
 
 /// Record `i` (written at offset `i`, by Raft entry `i + 1`): key `k{i % KEYS}`, value `v{i}`.
 fn record(i: u64) -> Record {
-    Record {
-        timestamp_ms: 1_700_000_000_000 + i as i64,
-        key: Some(format!("k{}", i % KEYS).into_bytes()),
-        value: Some(format!("v{i}-{}", "x".repeat(40)).into_bytes()),
-        headers: Vec::new(),
-    }
-}
-
-fn applied(entry: u64) -> AppliedState {
-    let log_id = logdex_raft::wire::log_id_from_pb(&pb::LogId { term: 1, index: entry });
-    AppliedState { applied: Some(log_id), ..AppliedState::default() }
+    common::record(i, KEYS)
 }
 
 fn applied_entry(state: &AppliedState) -> Option<u64> {

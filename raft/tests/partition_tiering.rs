@@ -19,18 +19,15 @@ use logdex_raft::pb;
 use logdex_raft::tier::RemoteSegment;
 use logdex_raft::tier::TierStore;
 
+mod common;
+
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const RECORDS: u64 = 80;
 const KEYS: u64 = 25;
 
 fn record(i: u64) -> Record {
-    Record {
-        timestamp_ms: 1_700_000_000_000 + i as i64,
-        key: Some(format!("k{}", i % KEYS).into_bytes()),
-        value: Some(format!("v{i}-{}", "x".repeat(40)).into_bytes()),
-        headers: Vec::new(),
-    }
+    common::record(i, KEYS)
 }
 
 fn open(dir: &Path, segment_bytes: u64, store: &TierStore) -> Result<Partition, Box<dyn std::error::Error>> {
@@ -40,9 +37,9 @@ fn open(dir: &Path, segment_bytes: u64, store: &TierStore) -> Result<Partition, 
     Ok(p)
 }
 
+/// The applied state after the entry of record `i`.
 fn state(i: u64) -> AppliedState {
-    let log_id = logdex_raft::wire::log_id_from_pb(&pb::LogId { term: 1, index: i + 1 });
-    AppliedState { applied: Some(log_id), ..AppliedState::default() }
+    common::applied(i + 1)
 }
 
 fn apply_all(p: &Partition) -> TestResult {
@@ -63,14 +60,7 @@ async fn upload(
     let candidates = p.tier_candidates();
     for s in &candidates {
         let bytes = std::fs::read(&s.path)?;
-        let remote = RemoteSegment {
-            base_offset: s.base_offset,
-            next_offset: s.next_offset,
-            size_bytes: bytes.len() as u64,
-            crc32c: crc32c::crc32c(&bytes),
-            max_timestamp_ms: s.max_timestamp_ms,
-            object: logdex_raft::tier::object_key("t", 0, 3, s.base_offset, s.next_offset),
-        };
+        let remote = RemoteSegment::of_copy(s, &bytes, "t", 0, 3);
         store.put(&remote.object, Bytes::from(bytes)).await?;
         let add = pb::TierCommand { kind: Some(pb::tier_command::Kind::Add(remote.to_pb())) };
         for q in apply_to {
