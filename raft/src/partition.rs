@@ -215,7 +215,9 @@ impl Partition {
                 cut_log(&mut log, point.next_offset)?;
                 AppliedState::decode(&point.state)?
             }
-            None if log.next_offset() > log.start_offset() => {
+            // A log that ever held records, even one retention emptied (its start moved): a
+            // fresh start from entry 1 would write offsets the other replicas do not have.
+            None if log.next_offset() > 0 => {
                 tracing::warn!(group, replica, "segment log without index state; rebuilding the index from the log");
                 let point = recovery_point(group, replica, dir, &log)?;
                 cut_log(&mut log, point.next_offset)?;

@@ -229,3 +229,29 @@ async fn a_replica_reads_remote_segments_and_its_snapshot_rebuilds_a_complete_in
     check_reads(&e).await?;
     Ok(())
 }
+
+/// A replica whose local copies were all deleted (its local log is empty, its start moved)
+/// and whose index is lost rebuilds the index from the remote segments on open, from its last
+/// checkpoint, instead of starting over at entry 1 on a log that starts later.
+#[tokio::test]
+async fn an_index_lost_under_an_emptied_local_log_is_rebuilt_from_remote_segments() -> TestResult {
+    let root = tempfile::tempdir()?;
+    let store = TierStore::open(&root.path().join("store").display().to_string())?;
+    let dir = root.path().join("g");
+    {
+        let g = open(&dir, 1024, &store)?;
+        apply_all(&g)?;
+        // Seal the last segment (a snapshot rolls the log), copy everything, delete it locally.
+        std::fs::create_dir_all(root.path().join("snapshot"))?;
+        g.snapshot_to(&root.path().join("snapshot"), &state(RECORDS - 1))?;
+        assert!(upload(&g, &store, &[&g]).await? > 4);
+        let now = u64::try_from(1_800_000_000_000i64)?;
+        assert!(g.apply_local_retention(now, Some(0), None)? > 4);
+        assert_eq!(g.tier_candidates().len(), 0);
+    }
+    std::fs::remove_dir_all(dir.join("index"))?;
+    let g = open(&dir, 1024, &store)?;
+    assert_eq!(g.high_watermark(), RECORDS, "the applied point comes from the checkpoint");
+    check_reads(&g).await?;
+    Ok(())
+}
