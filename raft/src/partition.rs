@@ -705,8 +705,13 @@ impl Partition {
             return Ok(0);
         }
         // The recovery point must stay inside the local log: only segments ending at or
-        // before a checkpoint just written may go (none when it could not be written).
-        let Some(durable) = self.checkpoint_at()? else { return Ok(0) };
+        // before a durable checkpoint may go.
+        // Under steady writes the new checkpoint may be skipped (more was applied while it
+        // synced): the last one written is a recovery point too.
+        let durable = match self.checkpoint_at()? {
+            Some(offset) => offset,
+            None => read_json::<Checkpoint>(&self.dir.join(CHECKPOINT_FILE))?.map_or(0, |c| c.next_offset),
+        };
         let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
         let mut deleted = 0;
         while due(&log) && log.segments().first().is_some_and(|s| s.next_offset <= durable) {

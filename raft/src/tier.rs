@@ -174,8 +174,14 @@ impl Manifest {
     /// manifest's end (an upload committed twice). It may overlap the last segment: replicas
     /// roll their segments at different offsets, so a new leader's next segment can start
     /// inside one its predecessor copied.
+    ///
+    /// Also refused when it ends at or before the last trim: it is past retention (a leader
+    /// that had not applied the trim yet copied it), and its object may be collected.
     pub fn add(&mut self, segment: RemoteSegment) -> bool {
-        if segment.next_offset <= segment.base_offset || self.end_offset().is_some_and(|e| segment.next_offset <= e) {
+        if segment.next_offset <= segment.base_offset
+            || segment.next_offset <= self.trimmed_to
+            || self.end_offset().is_some_and(|e| segment.next_offset <= e)
+        {
             return false;
         }
         self.segments.push(segment);
@@ -300,27 +306,26 @@ impl TierStore {
         Ok(keys)
     }
 
-    /// The partition's trim marker (`<prefix>/trimmed-to`): every copy of a segment ending at
-    /// or before it may have been deleted. 0 when there is none.
+    /// The partition's trim marker: the largest offset among the objects
+    /// `<prefix>/trimmed-to/<offset:020>`. Every copy of a segment ending at or before it may
+    /// have been deleted. 0 when there is none.
     pub async fn trimmed_to(&self, prefix: &str) -> Result<Offset> {
-        let key = format!("{prefix}/{TRIM_MARKER}");
-        match self.get(&key).await {
-            Ok(bytes) => std::str::from_utf8(&bytes)
-                .ok()
-                .and_then(|t| t.trim().parse().ok())
-                .ok_or_else(|| Error::Corrupted(format!("object {key} is not an offset"))),
-            Err(Error::NotFound(_)) => Ok(0),
-            Err(e) => Err(e),
-        }
+        let markers = self.list(&format!("{prefix}/{TRIM_MARKER}")).await?;
+        Ok(markers.iter().filter_map(|k| k.rsplit('/').next()?.parse::<Offset>().ok()).max().unwrap_or(0))
     }
 
-    /// Raises the partition's trim marker to `to` (never lowers it); written, durably,
-    /// before any object below it is deleted.
+    /// Raises the partition's trim marker to `to`; written, durably, before any object below
+    /// it is deleted. A marker is one object per trim point, so two leaders raising it at once
+    /// never lower it (the largest stands); smaller ones are removed after.
     pub async fn raise_trimmed_to(&self, prefix: &str, to: Offset) -> Result<()> {
-        if self.trimmed_to(prefix).await? >= to {
-            return Ok(());
+        let dir = format!("{prefix}/{TRIM_MARKER}");
+        self.put(&format!("{dir}/{to:020}"), Bytes::from(to.to_string())).await?;
+        for key in self.list(&dir).await? {
+            if key.rsplit('/').next().and_then(|n| n.parse::<Offset>().ok()).is_some_and(|o| o < to) {
+                self.delete(&key).await?;
+            }
         }
-        self.put(&format!("{prefix}/{TRIM_MARKER}"), Bytes::from(to.to_string())).await
+        Ok(())
     }
 
     /// Deletes every object under `prefix/` (a deleted partition's `<topic>/<partition>-<group>`).
@@ -351,7 +356,7 @@ impl TierStore {
     }
 }
 
-/// Name of the trim marker object in a partition's prefix.
+/// Name of the trim marker directory in a partition's prefix.
 pub const TRIM_MARKER: &str = "trimmed-to";
 
 /// The prefix of an object key (its partition's `<topic>/<partition>-<group>`).
@@ -397,7 +402,8 @@ pub struct TierCache {
     /// One fetch at a time per replica: readers missing the same segment wait for one
     /// download instead of each starting their own.
     fetching: tokio::sync::Mutex<()>,
-    /// Held while a copy is written into place (a read's fetch and an install's may race).
+    /// Held while a copy is written, opened or removed (a read's fetch and an install's
+    /// rebuild may work on the same copy at once).
     files: Mutex<()>,
 }
 
@@ -453,6 +459,10 @@ impl TierCache {
         if let Some(log) = self.get(segment) {
             return Ok(Some(log));
         }
+        let _files = self.files.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(log) = self.get(segment) {
+            return Ok(Some(log));
+        }
         let dir = self.segment_dir(range_of(segment));
         let file = dir.join(logdex_log::segment_file_name(segment.base_offset));
         let bytes = match std::fs::read(&file) {
@@ -498,6 +508,7 @@ impl TierCache {
     /// Stores `bytes` as the cached copy of `segment` and opens it, checked as [`TierCache::load`]
     /// checks a copy. The leader checks a local segment this way before it copies it.
     pub fn fill_and_open(&self, segment: &RemoteSegment, bytes: &[u8]) -> Result<Arc<Log>> {
+        let _files = self.files.lock().unwrap_or_else(|p| p.into_inner());
         self.fill(segment, bytes)?;
         self.open_checked(segment)
     }
@@ -519,9 +530,8 @@ impl TierCache {
 
     /// Stores a fetched object as the cached copy of `segment` after checking its size and
     /// CRC-32C against the manifest entry.
-    pub fn fill(&self, segment: &RemoteSegment, bytes: &[u8]) -> Result<()> {
+    fn fill(&self, segment: &RemoteSegment, bytes: &[u8]) -> Result<()> {
         check_object(segment, bytes)?;
-        let _files = self.files.lock().unwrap_or_else(|p| p.into_inner());
         let range = range_of(segment);
         let dir = self.segment_dir(range);
         let tmp = self.dir.join(format!("{:020}-{:020}.tmp", range.0, range.1));
@@ -561,6 +571,7 @@ impl TierCache {
     /// Drops the cached copies of segments ending at or before `to` (trimmed by retention),
     /// those on disk included.
     pub fn forget_below(&self, to: Offset) -> Result<()> {
+        let _files = self.files.lock().unwrap_or_else(|p| p.into_inner());
         self.lock().retain(|((_, next), _)| *next > to);
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(entries) => entries,
@@ -664,7 +675,10 @@ mod tests {
         assert_eq!((m.trimmed_to, m.trimmed_at), (20, 9));
         assert!(m.trim(18, 8).is_empty(), "an older trim moves nothing back");
         assert_eq!((m.trimmed_to, m.trimmed_at), (20, 9));
-        assert_eq!(m.start_offset(), Some(20));
+        assert!(m.trim(30, 10).iter().map(|s| s.base_offset).eq([20]));
+        assert!(!m.add(segment(25, 30)), "past retention: ends at the trim");
+        assert!(m.add(segment(25, 31)), "reaches past the trim");
+        assert_eq!(m.start_offset(), Some(25));
     }
 
     #[test]
@@ -723,7 +737,12 @@ mod tests {
         for key in ["t/0-7/a.log", "t/0-7/b.log", "t/0-8/a.log"] {
             store.put(key, Bytes::from_static(b"x")).await?;
         }
-        assert_eq!(store.delete_prefix("t/0-7").await?, 2);
+        assert_eq!(store.trimmed_to("t/0-7").await?, 0);
+        store.raise_trimmed_to("t/0-7", 30).await?;
+        store.raise_trimmed_to("t/0-7", 20).await?;
+        assert_eq!(store.trimmed_to("t/0-7").await?, 30, "a smaller trim point never lowers the marker");
+        assert_eq!(store.delete_prefix("t/0-7").await?, 4);
+        assert_eq!(store.trimmed_to("t/0-7").await?, 0);
         assert!(!store.exists("t/0-7/a.log").await? && store.exists("t/0-8/a.log").await?);
         Ok(())
     }
@@ -735,7 +754,7 @@ mod tests {
         let cache = TierCache::new(root.path().join("cache"), None);
         let last = bytes.len() - 1;
         bytes[last] ^= 1;
-        assert!(matches!(cache.fill(&seg, &bytes), Err(Error::Corrupted(_))));
+        assert!(matches!(cache.fill_and_open(&seg, &bytes), Err(Error::Corrupted(_))));
         assert!(cache.load(&seg)?.is_none());
         assert!(matches!(cache.get_or_fetch_blocking(&seg), Err(Error::Unavailable(_))), "no store to fetch from");
         Ok(())
