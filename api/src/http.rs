@@ -825,11 +825,12 @@ async fn readyz(State(s): State<AppState>) -> Response {
         logdex_raft::types::metrics_of(s.router.node.controller_raft()).current_leader.is_some();
     let registered = s.router.node.cluster().nodes.contains_key(&s.router.node.node_id());
     let groups_led = s.router.node.groups().iter().all(|g| s.router.node.leader_node(g).is_some());
-    if controller_has_leader && registered && groups_led {
+    let starting = s.router.node.replicas_starting();
+    if controller_has_leader && registered && groups_led && starting == 0 {
         (StatusCode::OK, "ready").into_response()
     } else {
         ApiError::Unavailable(format!(
-            "not ready: controller leader known: {controller_has_leader}, registered: {registered}, every group has a leader: {groups_led}"
+            "not ready: controller leader known: {controller_has_leader}, registered: {registered}, every group has a leader: {groups_led}, replicas still starting: {starting}"
         ))
         .into_response()
     }

@@ -166,6 +166,8 @@ struct NodeInner {
     groups: RwLock<HashMap<GroupId, Arc<HostedGroup>>>,
     /// Groups whose move this node is driving now.
     moving: std::sync::Mutex<std::collections::HashSet<GroupId>>,
+    /// Groups assigned here whose replica failed to start (retried by every reconcile).
+    failed_starts: std::sync::Mutex<std::collections::HashSet<GroupId>>,
     forwarders: crate::batcher::Forwarders,
     read_index_stats: ReadIndexStats,
     /// Tiered storage's object store, when configured.
@@ -231,6 +233,7 @@ impl Node {
                 controller_raft,
                 groups: RwLock::new(HashMap::new()),
                 moving: Default::default(),
+                failed_starts: Default::default(),
                 forwarders: Default::default(),
                 read_index_stats: Default::default(),
                 tier_store,
@@ -476,12 +479,18 @@ impl Node {
         let assigned: std::collections::HashSet<String> =
             desired.iter().map(|(group, d)| format!("{group}-{}", d.2)).collect();
         for (group, (topic, record, replica)) in desired {
-            if !self.groups_read().contains_key(&group)
-                && let Err(e) = self.start_group(&state, &topic, record, replica).await
-            {
+            if self.groups_read().contains_key(&group) {
+                continue;
+            }
+            let started = self.start_group(&state, &topic, record, replica).await;
+            let mut failed = self.inner.failed_starts.lock().unwrap_or_else(|p| p.into_inner());
+            if let Err(e) = started {
                 // One replica that cannot open (damaged data, say) must not keep the
                 // others from starting; it stays stopped, keeps its files, and is retried.
                 tracing::error!(group, replica, error = %e, "cannot start partition replica");
+                failed.insert(group);
+            } else {
+                failed.remove(&group);
             }
         }
         self.apply_topic_configs(&state);
@@ -1109,6 +1118,23 @@ impl Node {
         max_bytes: usize,
     ) -> Result<Vec<(u64, logdex_log::Record)>> {
         with_tier(&hosted.partition, || hosted.partition.read_records(offset, max_records, max_bytes)).await
+    }
+
+    /// Partition replicas the cluster state assigns to this node that are not started yet
+    /// (not counting those that failed to start: they are retried, and would keep the node
+    /// from ever being ready). `/readyz` waits for none.
+    pub fn replicas_starting(&self) -> usize {
+        let me = self.node_id();
+        let state = self.cluster();
+        let hosted = self.groups_read();
+        let failed = self.inner.failed_starts.lock().unwrap_or_else(|p| p.into_inner());
+        state
+            .topics
+            .values()
+            .flat_map(|t| t.partitions.iter())
+            .filter(|p| p.all_replicas().any(|r| r.node_id == me))
+            .filter(|p| !hosted.contains_key(&p.group_id) && !failed.contains(&p.group_id))
+            .count()
     }
 
     /// This node's view of its groups, for routing and describe.
