@@ -73,6 +73,14 @@ async fn wait_until(what: &str, mut done: impl AsyncFnMut() -> Result<bool>) -> 
     Ok(())
 }
 
+/// Alters the topic's `retention.ms`.
+async fn set_retention_ms(cluster: &Cluster, value: &str) -> Result<()> {
+    let url = format!("{}/topics/{TOPIC}/config", cluster.url(1));
+    let body = Body::Json(json!({ "config": { "retention.ms": value } }));
+    cluster.api().request(reqwest::Method::POST, &url, Some(body)).await?.expect_status(200)?;
+    Ok(())
+}
+
 /// Every key answers its latest value from node `id`.
 async fn check_lookups(cluster: &Cluster, id: u64, read: &Read) -> Result<()> {
     let api = cluster.api();
@@ -186,13 +194,7 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
 
     // Retention trims the remote segments, their objects go, their keys answer 410.
     let objects = log_files(&cluster.tiered_dir());
-    api.request(
-        reqwest::Method::POST,
-        &format!("{}/topics/{TOPIC}/config", cluster.url(1)),
-        Some(Body::Json(json!({ "config": { "retention.ms": "1" } }))),
-    )
-    .await?
-    .expect_status(200)?;
+    set_retention_ms(cluster, "1").await?;
     wait_until("retention trims the remote segments", async || {
         let d = cluster.describe(TOPIC).await?;
         Ok(d.partition(0)?.log_start_offset > 0 && log_files(&cluster.tiered_dir()) < objects)
@@ -205,13 +207,7 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
     }
 
     // Deleting the topic deletes its objects.
-    api.request(
-        reqwest::Method::POST,
-        &format!("{}/topics/{TOPIC}/config", cluster.url(1)),
-        Some(Body::Json(json!({ "config": { "retention.ms": "-1" } }))),
-    )
-    .await?
-    .expect_status(200)?;
+    set_retention_ms(cluster, "-1").await?;
     let before = log_files(&cluster.tiered_dir());
     for k in 0..KEYS / 4 {
         api.put(&cluster.url(1), TOPIC, format!("n-{k}").as_bytes(), value(k, 3).as_bytes())

@@ -465,6 +465,8 @@ impl Node {
         let groups: std::collections::HashSet<GroupId> =
             state.topics.values().flat_map(|t| t.partitions.iter().map(|p| p.group_id)).collect();
         self.inner.forwarders.retain_groups(|g| groups.contains(&g));
+        self.inner.failed_starts.lock().unwrap_or_else(|p| p.into_inner()).retain(|g| desired.contains_key(g));
+        self.inner.tier_collected.lock().unwrap_or_else(|p| p.into_inner()).retain(|g, _| desired.contains_key(g));
         let hosted: Vec<(GroupId, ReplicaId)> =
             self.groups_read().values().map(|g| (g.group_id, g.replica_id)).collect();
         for (group, replica) in hosted {
