@@ -3,8 +3,10 @@
 # against a peer, measured in one run on loopback:
 #   1. builds the release binaries (logdex, and bench-peer/ for NATS);
 #   2. raw fjall get floor: the index crate's benchmark (100,000 keys);
-#   3. a 3-node logdex cluster: noop (the floor: GET /bench/noop, no work),
-#      load (and load into a one-partition topic, reported below the table),
+#   3. a 3-node logdex cluster: load (and load into a one-partition topic, reported
+#      below the table), noop (the floor: GET /bench/noop, no work, measured after
+#      the load and right before the lookups; once more before the load and after
+#      everything, listed below the table),
 #      get1 (linearizable, strict, follower), getc (linearizable, follower),
 #      get1 and getc again over the gRPC client API; then recovery and rebuild
 #      (a single node of their own with 1,000,000 keys);
@@ -141,11 +143,15 @@ run_logdex() {
   echo "bench: logdex bench $*"
   "$LOGDEX" bench "$@" "${URLS[@]}" --keys "$KEYS" --value-bytes "$VALUE_BYTES" --json | tee -a "$RESULTS"
 }
-run_logdex noop --concurrency 1 --requests "$GET1_REQUESTS"
-run_logdex noop --concurrency "$CONCURRENCY" --duration-secs "$DURATION_SECS"
+# The floor on the fresh cluster, for reference (listed below the table).
+run_logdex noop --concurrency 1 --requests "$GET1_REQUESTS" --label floor-before
 run_logdex load --concurrency "$CONCURRENCY"
 # The same load into a topic of one partition: one Raft group, as NATS's KV bucket is one stream.
 run_logdex load --concurrency "$CONCURRENCY" --topic bench-one-partition --partitions 1 --label logdex-one-partition
+# The floor the lookups are compared with, measured right before them on the same loaded
+# cluster (the nodes' background work after a load, flushes and checkpoints, slows both).
+run_logdex noop --concurrency 1 --requests "$GET1_REQUESTS"
+run_logdex noop --concurrency "$CONCURRENCY" --duration-secs "$DURATION_SECS"
 run_logdex get1 --read linearizable,strict,follower --requests "$GET1_REQUESTS"
 run_logdex getc --read linearizable,follower --concurrency "$CONCURRENCY" --duration-secs "$DURATION_SECS"
 # The same lookups over the gRPC client API (served on the RPC ports).

@@ -9,6 +9,14 @@
 //! proposes it, and hands each request its own offsets. Records of one request
 //! stay contiguous and requests keep their queue order.
 //!
+//! Before it proposes, the task yields to the other tasks that are ready to run
+//! (at most [`GATHER_YIELDS_MAX`] times, and only while that brings more
+//! requests). The first write of a poll of the sockets wakes the batcher, and
+//! tokio runs a task woken by another next, ahead of the connections whose
+//! requests are parsed in the same poll: without the yield every batch held the
+//! one request that woke it. A lone writer finds nothing else ready and goes at
+//! once (one yield, no timer).
+//!
 //! To ensure correctness:
 //! - A batch is atomic: it is appended whole or not at all, so every request of
 //!   a failed batch gets the batch's error, with the same definite or
@@ -73,6 +81,39 @@ impl Batcher {
     }
 }
 
+/// Most times a batcher yields to other ready tasks to gather more requests into one batch.
+const GATHER_YIELDS_MAX: usize = 4;
+
+/// Requests gathered for one batch, within [`ENTRY_RECORDS_MAX`] and [`ENTRY_BYTES_MAX`].
+struct Batch {
+    requests: Vec<Request>,
+    records: usize,
+    bytes: usize,
+}
+
+impl Batch {
+    fn new(first: Request) -> Batch {
+        let bytes = first.records.iter().map(approx_bytes).sum();
+        Batch { records: first.records.len(), bytes, requests: vec![first] }
+    }
+
+    fn has_room(&self) -> bool {
+        self.records < ENTRY_RECORDS_MAX && self.bytes < ENTRY_BYTES_MAX
+    }
+
+    /// Adds `next`, or gives it back when it would take the batch over a bound.
+    fn push(&mut self, next: Request) -> std::result::Result<(), Request> {
+        let bytes: usize = next.records.iter().map(approx_bytes).sum();
+        if self.records + next.records.len() > ENTRY_RECORDS_MAX || self.bytes + bytes > ENTRY_BYTES_MAX {
+            return Err(next);
+        }
+        self.bytes += bytes;
+        self.records += next.records.len();
+        self.requests.push(next);
+        Ok(())
+    }
+}
+
 fn approx_bytes(r: &Record) -> usize {
     let headers: usize = r.headers.iter().map(|h| h.key.len() + h.value.as_ref().map_or(0, Vec::len)).sum();
     32 + r.key.as_ref().map_or(0, Vec::len) + r.value.as_ref().map_or(0, Vec::len) + headers
@@ -90,20 +131,29 @@ async fn run(group: GroupId, mut rx: mpsc::Receiver<Request>, propose: Propose) 
                 None => return,
             },
         };
-        let mut bytes: usize = first.records.iter().map(approx_bytes).sum();
-        let mut count = first.records.len();
-        let mut requests = vec![first];
-        while count < ENTRY_RECORDS_MAX && bytes < ENTRY_BYTES_MAX {
-            let Ok(next) = rx.try_recv() else { break };
-            let next_bytes: usize = next.records.iter().map(approx_bytes).sum();
-            if count + next.records.len() > ENTRY_RECORDS_MAX || bytes + next_bytes > ENTRY_BYTES_MAX {
-                carry = Some(next);
+        let mut batch = Batch::new(first);
+        let mut yields = 0;
+        loop {
+            let before = batch.requests.len();
+            while batch.has_room() {
+                let Ok(next) = rx.try_recv() else { break };
+                if let Err(next) = batch.push(next) {
+                    carry = Some(next);
+                    break;
+                }
+            }
+            // Let the tasks that are ready to run (requests being parsed, forwarded calls
+            // being read) queue their writes first, while that keeps adding to the batch:
+            // one Raft entry (or one forwarded call) then carries them all. A lone writer
+            // finds nobody else ready and goes at once.
+            let grew = batch.requests.len() > before || yields == 0;
+            if carry.is_some() || !batch.has_room() || !grew || yields == GATHER_YIELDS_MAX {
                 break;
             }
-            bytes += next_bytes;
-            count += next.records.len();
-            requests.push(next);
+            tokio::task::yield_now().await;
+            yields += 1;
         }
+        let requests = batch.requests;
         let propose = propose.clone();
         tokio::spawn(async move {
             let _permit = permit;
@@ -256,6 +306,35 @@ mod tests {
             flat
         };
         assert_eq!(log_records.len(), 80);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn writes_woken_together_share_the_first_batch() {
+        let (propose, log) = bounded_log(usize::MAX, std::time::Duration::from_millis(5));
+        let batcher = Batcher::start(1, propose);
+        let (start, started) = tokio::sync::watch::channel(false);
+        let producers: Vec<_> = (0..8u32)
+            .map(|i| {
+                let (b, mut started) = (batcher.clone(), started.clone());
+                tokio::spawn(async move {
+                    started.changed().await.expect("start");
+                    b.produce(vec![record(i)]).await
+                })
+            })
+            .collect();
+        // Wake them all from a worker task, as a poll of the sockets wakes the requests of
+        // many connections: the batcher, woken by the first write, runs before the others.
+        tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            start.send(true).expect("send");
+        })
+        .await
+        .expect("starter");
+        for p in producers {
+            p.await.expect("producer").expect("produce");
+        }
+        let sizes: Vec<usize> = log.lock().expect("lock").iter().map(Vec::len).collect();
+        assert_eq!(sizes.first(), Some(&8), "8 writes ready at once were split into batches {sizes:?}");
     }
 
     #[tokio::test]
