@@ -23,7 +23,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::Offset;
 use crate::batch::{self, BatchHeader, Record, encode_with};
@@ -50,45 +50,146 @@ struct Policy<'l> {
 
 enum Outcome {
     Unchanged,
-    Rewritten { records_removed: u64, size_bytes: u64 },
+    Rewritten { records_removed: u64 },
 }
 
 const COMPACT_CHUNK_BYTES: usize = 1 << 20;
 
-/// Compacts every sealed segment of `segments` (all but the last).
-pub(crate) fn compact_sealed(
+/// The sealed segments of one log, to compact without holding the log: taken by
+/// [`crate::Log::compaction_plan`], rewritten by [`CompactionPlan::rewrite`] (the long
+/// part: every batch read, every key looked up), installed by
+/// [`crate::Log::finish_compaction`]. Sealed segment files are never modified in place,
+/// so the rewrite reads exactly the bytes the log held when the plan was taken.
+pub struct CompactionPlan {
+    pub(crate) log_id: u64,
+    pub(crate) dir: PathBuf,
+    pub(crate) interval: u32,
+    /// Read handles of the sealed segments, oldest first, with the file each reads.
+    pub(crate) segments: Vec<(Segment, FileId)>,
+}
+
+/// Rewritten segments waiting for [`crate::Log::finish_compaction`].
+pub struct Compacted {
+    pub(crate) log_id: u64,
+    pub(crate) dir: PathBuf,
+    pub(crate) rewrites: Vec<Rewrite>,
+    /// What stopped the rewrite (a damaged batch, a failed write): reported once the
+    /// segments rewritten before it are installed.
+    pub(crate) error: Option<Error>,
+}
+
+/// (device, inode) of a segment file.
+pub(crate) type FileId = (u64, u64);
+
+pub(crate) struct Rewrite {
+    base_offset: Offset,
+    /// The file the rewrite read: installed only over that same file.
+    file_id: FileId,
+    size_before: u64,
+    /// The new segment, opened from `B.log.cleaned`; `None` when every record stays.
+    replacement: Option<(Segment, u64)>,
+}
+
+impl CompactionPlan {
+    /// Writes `B.log.cleaned` for every segment that loses records and opens it. Stops at
+    /// the first error, keeping what was rewritten before it.
+    pub fn rewrite(self, live: &mut dyn FnMut(&[u8], Offset) -> bool, tombstone_horizon_ms: i64) -> Compacted {
+        let mut policy = Policy { live, tombstone_horizon_ms };
+        let mut rewrites = Vec::with_capacity(self.segments.len());
+        let mut error = None;
+        for (view, file_id) in &self.segments {
+            let replaced = match rewrite(&self.dir, view, &mut policy) {
+                Ok(Outcome::Unchanged) => Ok(None),
+                Ok(Outcome::Rewritten { records_removed }) => {
+                    Segment::open_cleaned(&self.dir, view.base_offset, self.interval)
+                        .map(|s| Some((s, records_removed)))
+                }
+                Err(e) => Err(e),
+            };
+            match replaced {
+                Ok(replacement) => rewrites.push(Rewrite {
+                    base_offset: view.base_offset,
+                    file_id: *file_id,
+                    size_before: view.size_bytes(),
+                    replacement,
+                }),
+                Err(e) => {
+                    remove_cleaned(&self.dir, view.base_offset);
+                    error = Some(e);
+                    break;
+                }
+            }
+        }
+        Compacted { log_id: self.log_id, dir: self.dir, rewrites, error }
+    }
+}
+
+impl Compacted {
+    /// Removes the output of rewrites that will not be installed.
+    pub(crate) fn discard(self) {
+        for r in self.rewrites {
+            if r.replacement.is_some() {
+                remove_cleaned(&self.dir, r.base_offset);
+            }
+        }
+    }
+}
+
+/// Best effort: a `.cleaned` file left behind is removed when the log is next opened.
+fn remove_cleaned(dir: &Path, base_offset: Offset) {
+    if let Err(e) = files::remove_if_exists(&files::cleaned_path(dir, base_offset)) {
+        warn!(base_offset, error = %e, "cannot remove a compaction output file");
+    }
+}
+
+/// Installs `rewrites` into `segments` (all but the last are sealed): each replaces its
+/// segment if that is still sealed and still the file the rewrite read (retention may have
+/// deleted it, a truncation or snapshot install replaced it); others are dropped.
+pub(crate) fn install(
     dir: &Path,
     segments: &mut Vec<Segment>,
+    rewrites: Vec<Rewrite>,
     interval: u32,
-    live: &mut dyn FnMut(&[u8], Offset) -> bool,
-    tombstone_horizon_ms: i64,
 ) -> Result<CompactStats> {
-    let mut policy = Policy { live, tombstone_horizon_ms };
     let mut stats = CompactStats::default();
-    let mut index = 0;
-    while index + 1 < segments.len() {
-        let size_before = segments[index].size_bytes();
-        stats.bytes_before += size_before;
-        let Outcome::Rewritten { records_removed, size_bytes } = rewrite(dir, &segments[index], &mut policy)? else {
-            stats.bytes_after += size_before;
-            index += 1;
+    for r in rewrites {
+        let index = segments.iter().position(|s| s.base_offset == r.base_offset);
+        let current = match index {
+            Some(i) if i + 1 < segments.len() && segments[i].file_id()? == r.file_id => i,
+            _ => {
+                if r.replacement.is_some() {
+                    remove_cleaned(dir, r.base_offset);
+                }
+                continue;
+            }
+        };
+        stats.bytes_before += r.size_before;
+        let Some((mut segment, records_removed)) = r.replacement else {
+            stats.bytes_after += r.size_before;
             continue;
         };
         stats.records_removed += records_removed;
         stats.segments_rewritten += 1;
-        let base_offset = segments[index].base_offset;
-        if size_bytes == 0 && index > 0 {
+        let base_offset = r.base_offset;
+        if segment.size_bytes() == 0 && current > 0 {
+            drop(segment);
             files::remove_if_exists(&files::cleaned_path(dir, base_offset))?;
-            segments[index].delete(dir)?;
-            segments.remove(index);
+            segments[current].delete(dir)?;
+            segments.remove(current);
             files::sync_dir(dir)?;
             continue;
         }
         swap_in(dir, base_offset)?;
-        segments[index] = Segment::reopen(dir, base_offset, interval)?;
-        stats.bytes_after += segments[index].size_bytes();
-        info!(base_offset, records_removed, size_before, size_bytes, "segment compacted");
-        index += 1;
+        segment.renamed_into_place(dir, interval)?;
+        stats.bytes_after += segment.size_bytes();
+        info!(
+            base_offset,
+            records_removed,
+            size_before = r.size_before,
+            size_bytes = segment.size_bytes(),
+            "segment compacted"
+        );
+        segments[current] = segment;
     }
     Ok(stats)
 }
@@ -124,7 +225,10 @@ fn rewrite(dir: &Path, segment: &Segment, policy: &mut Policy<'_>) -> Result<Out
     }
     match cleaner {
         None => Ok(Outcome::Unchanged),
-        Some(cleaner) => Ok(Outcome::Rewritten { records_removed, size_bytes: cleaner.finish()? }),
+        Some(cleaner) => {
+            cleaner.finish()?;
+            Ok(Outcome::Rewritten { records_removed })
+        }
     }
 }
 
@@ -177,7 +281,6 @@ fn swap_in(dir: &Path, base_offset: Offset) -> Result<()> {
 struct Cleaner {
     path: PathBuf,
     out: BufWriter<File>,
-    size_bytes: u64,
 }
 
 impl Cleaner {
@@ -185,7 +288,7 @@ impl Cleaner {
     fn start(dir: &Path, segment: &Segment, position: u64) -> Result<Cleaner> {
         let path = files::cleaned_path(dir, segment.base_offset);
         let file = File::create(&path).map_err(Error::io("create", &path))?;
-        let mut cleaner = Cleaner { path, out: BufWriter::with_capacity(COMPACT_CHUNK_BYTES, file), size_bytes: 0 };
+        let mut cleaner = Cleaner { path, out: BufWriter::with_capacity(COMPACT_CHUNK_BYTES, file) };
         let mut reader = ChunkReader::with_chunk_bytes(COMPACT_CHUNK_BYTES);
         let mut copied = 0u64;
         while copied < position {
@@ -197,16 +300,13 @@ impl Cleaner {
     }
 
     fn write(&mut self, bytes: &[u8]) -> Result<()> {
-        self.out.write_all(bytes).map_err(Error::io("write", &self.path))?;
-        self.size_bytes += bytes.len() as u64;
-        Ok(())
+        self.out.write_all(bytes).map_err(Error::io("write", &self.path))
     }
 
-    /// Flushes and fsyncs; returns the file size.
-    fn finish(self) -> Result<u64> {
+    /// Flushes and fsyncs.
+    fn finish(self) -> Result<()> {
         let path = self.path;
         let file = self.out.into_inner().map_err(|e| Error::io("write", &path)(e.into_error()))?;
-        file.sync_all().map_err(Error::io("fsync", &path))?;
-        Ok(self.size_bytes)
+        file.sync_all().map_err(Error::io("fsync", &path))
     }
 }

@@ -29,7 +29,7 @@ pub use batch::{
     BATCH_HEADER_BYTES, BatchInfo, Compression, Header, Record, decode_batch, encode_batch, set_base_offset,
     set_partition_leader_epoch, validate_batch,
 };
-pub use compact::CompactStats;
+pub use compact::{CompactStats, Compacted, CompactionPlan};
 pub use compression::DECOMPRESSED_BYTES_MAX;
 pub use config::LogConfig;
 pub use error::{Error, Result};

@@ -10,7 +10,7 @@ use tracing::{error, info};
 
 use crate::Offset;
 use crate::batch::{self, BatchInfo, Record, set_base_offset, validate_batch};
-use crate::compact::{self, CompactStats};
+use crate::compact::{self, CompactStats, Compacted, CompactionPlan};
 use crate::config::LogConfig;
 use crate::error::{Error, Result};
 use crate::files::{self, EntryKind};
@@ -20,6 +20,8 @@ use crate::snapshot;
 
 /// A segment log. `Send + Sync`; wrap it in a lock to share it.
 pub struct Log {
+    /// Unique per opened log in this process (compaction plans name the log they came from).
+    id: u64,
     dir: PathBuf,
     config: LogConfig,
     /// Sorted by base offset, never empty; the last one is active.
@@ -56,6 +58,9 @@ impl std::fmt::Debug for Log {
             .finish()
     }
 }
+
+/// Source of [`Log`] ids.
+static NEXT_LOG_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Chunk size of sequential reads for `scan`.
 const SCAN_CHUNK_BYTES: usize = 1 << 20;
@@ -379,15 +384,61 @@ impl Log {
         live: &mut dyn FnMut(&[u8], Offset) -> bool,
         tombstone_horizon_ms: i64,
     ) -> Result<CompactStats> {
+        let plan = self.compaction_plan(Offset::MAX)?;
+        let compacted = plan.rewrite(live, tombstone_horizon_ms);
+        self.finish_compaction(compacted)
+    }
+
+    /// The first step of [`Log::compact`] for a caller that shares the log: read handles
+    /// of the sealed segments. Rewrite them with [`CompactionPlan::rewrite`] without
+    /// holding the log (appends and reads go on meanwhile), then install the result with
+    /// [`Log::finish_compaction`]. One compaction of a log at a time: a second one would
+    /// write the same `.cleaned` files.
+    ///
+    /// Only segments whose records are all below `below` are taken: a caller whose `live`
+    /// answers from an index written after the append passes the offset the index covers,
+    /// so a segment sealed by an append whose keys are not indexed yet is left alone.
+    pub fn compaction_plan(&self, below: Offset) -> Result<CompactionPlan> {
         if self.poisoned {
             return Err(Error::Poisoned);
         }
+        let sealed = &self.segments[..self.segments.len().saturating_sub(1)];
+        let segments = sealed
+            .iter()
+            .take_while(|s| s.content_end() <= below)
+            .map(|s| Ok((s.read_view()?, s.file_id()?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(CompactionPlan {
+            log_id: self.id,
+            dir: self.dir.clone(),
+            interval: self.config.seek_interval_bytes,
+            segments,
+        })
+    }
+
+    /// Installs rewritten segments (the crash protocol of `compact.rs`, step 2 on). A
+    /// segment that is gone or was replaced since the plan was taken (retention, a
+    /// truncation, a snapshot install) keeps its current file; a plan of another log
+    /// (this one was reopened) installs nothing. A failed install poisons the log; an
+    /// error that stopped the rewrite is returned after what came before it is installed.
+    pub fn finish_compaction(&mut self, compacted: Compacted) -> Result<CompactStats> {
+        if compacted.log_id != self.id {
+            compacted.discard();
+            return Ok(CompactStats::default());
+        }
+        if self.poisoned {
+            compacted.discard();
+            return Err(Error::Poisoned);
+        }
+        let Compacted { rewrites, error, .. } = compacted;
         let interval = self.config.seek_interval_bytes;
-        // Every segment swap completes before the next one starts, so only
-        // a failed write (not a damaged batch found while reading) poisons.
-        match compact::compact_sealed(&self.dir, &mut self.segments, interval, live, tombstone_horizon_ms) {
-            Err(error @ Error::Io { .. }) => Err(self.poison(error)),
-            result => result,
+        let stats = match compact::install(&self.dir, &mut self.segments, rewrites, interval) {
+            Ok(stats) => stats,
+            Err(error) => return Err(self.poison(error)),
+        };
+        match error {
+            Some(error) => Err(error),
+            None => Ok(stats),
         }
     }
 
@@ -440,6 +491,7 @@ impl Log {
         std::fs::create_dir_all(dir).map_err(Error::io("create directory", dir))?;
         let bases = Log::clean_dir(dir)?;
         let mut log = Log {
+            id: NEXT_LOG_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             dir: dir.to_path_buf(),
             config,
             segments: Vec::with_capacity(bases.len().max(1)),

@@ -318,15 +318,51 @@ impl Segment {
         files::write_atomic(&files::seek_path(dir, self.base_offset), &bytes)
     }
 
-    /// Reopens the file after it was replaced by a rename (compaction).
-    pub(crate) fn reopen(dir: &Path, base_offset: Offset, interval: u32) -> Result<Segment> {
-        let mut segment = Segment::open_file(dir, base_offset)?;
+    /// A second handle to this sealed segment: the same file (a duplicated descriptor, so
+    /// it keeps reading these bytes even after a rename replaces the path) and state.
+    /// Compaction reads it without holding the log.
+    pub(crate) fn read_view(&self) -> Result<Segment> {
+        let file = self.file.try_clone().map_err(Error::io("duplicate handle of", &self.path))?;
+        Ok(Segment {
+            base_offset: self.base_offset,
+            path: self.path.clone(),
+            file,
+            size_bytes: self.size_bytes,
+            content_end: self.content_end,
+            max_timestamp_ms: self.max_timestamp_ms,
+            last_batch: self.last_batch,
+            seek: self.seek.clone(),
+            bytes_since_entry: self.bytes_since_entry,
+            sealed: self.sealed,
+            roll_anchor_ms: self.roll_anchor_ms,
+        })
+    }
+
+    /// Which file this segment reads: (device, inode). A segment replaced by compaction or
+    /// by a snapshot install reads another one.
+    pub(crate) fn file_id(&self) -> Result<(u64, u64)> {
+        let meta = self.file.metadata().map_err(Error::io("stat", &self.path))?;
+        Ok((meta.dev(), meta.ino()))
+    }
+
+    /// Opens and scans `B.log.cleaned` (compaction output, fsynced) as a sealed segment;
+    /// [`Segment::renamed_into_place`] once it has been renamed over `B.log`.
+    pub(crate) fn open_cleaned(dir: &Path, base_offset: Offset, interval: u32) -> Result<Segment> {
+        let path = files::cleaned_path(dir, base_offset);
+        let file = OpenOptions::new().read(true).write(true).open(&path).map_err(Error::io("open", &path))?;
+        let mut segment = Segment::empty(base_offset, path, file);
         segment.sealed = true;
         if let ScanEnd::Invalid { position, error } = segment.rebuild(interval)? {
             return Err(segment.corrupt(position, error));
         }
-        segment.write_seek_file(interval)?;
         Ok(segment)
+    }
+
+    /// After `B.log.cleaned` was renamed over `B.log`: takes the segment's own path and
+    /// writes its seek file.
+    pub(crate) fn renamed_into_place(&mut self, dir: &Path, interval: u32) -> Result<()> {
+        self.path = files::segment_path(dir, self.base_offset);
+        self.write_seek_file(interval)
     }
 
     fn empty(base_offset: Offset, path: PathBuf, file: File) -> Segment {

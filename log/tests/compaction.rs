@@ -186,3 +186,92 @@ fn truncate_into_a_compacted_gap_keeps_the_next_offset() -> TestResult {
     assert_eq!(left, vec![0, 2]);
     Ok(())
 }
+
+/// Compaction split into plan, rewrite and install: writes between the plan and the install
+/// (the log is not held while segments are rewritten) are kept, and the rewrite is installed.
+#[test]
+fn writes_between_plan_and_install_are_kept_and_the_rewrite_installed() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut log = Log::open(dir.path(), small_config())?;
+    updates(&mut log, Compression::None)?;
+    let index = latest(&log)?;
+    let plan = log.compaction_plan(log.next_offset())?;
+    // Newer values of every key and a roll, while the plan is out.
+    for n in 0..10 {
+        append(&mut log, &[keyed(&format!("k{n}"), Some(&format!("late{n}")), 1000)], Compression::None)?;
+    }
+    log.roll()?;
+    let compacted = plan.rewrite(&mut |key, offset| index.get(key) == Some(&offset), 0);
+    let stats = log.finish_compaction(compacted)?;
+    assert_eq!(stats.records_removed, 190, "the planned segments were rewritten");
+    let after: Vec<(Offset, Record)> = log.scan(0).collect::<Result<_, _>>()?;
+    assert_eq!(after.len(), 20, "10 live records of the plan and the 10 written during it: {after:?}");
+    assert_eq!(after.last().map(|(o, _)| *o), Some(209));
+    assert!(!file_names(dir.path())?.iter().any(|n| n.ends_with(".cleaned")), "a compaction output was left");
+    drop(log);
+    let reopened = Log::open(dir.path(), small_config())?;
+    assert_eq!(reopened.scan(0).collect::<Result<Vec<_>, _>>()?, after);
+    Ok(())
+}
+
+/// A segment deleted by retention while its rewrite ran is not brought back by the install.
+#[test]
+fn a_segment_deleted_during_compaction_stays_deleted() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut log = Log::open(dir.path(), small_config())?;
+    updates(&mut log, Compression::None)?;
+    let index = latest(&log)?;
+    let plan = log.compaction_plan(log.next_offset())?;
+    let deleted = log.delete_oldest_sealed()?.ok_or("no sealed segment to delete")?;
+    let start = log.start_offset();
+    let compacted = plan.rewrite(&mut |key, offset| index.get(key) == Some(&offset), 0);
+    log.finish_compaction(compacted)?;
+    assert_eq!(log.start_offset(), start, "the deleted segment {deleted} came back");
+    let first = log.scan(0).next().transpose()?.map(|(o, _)| o);
+    assert!(first.is_none_or(|o| o >= start), "a record below the log start {start} is readable: {first:?}");
+    assert!(!file_names(dir.path())?.iter().any(|n| n.ends_with(".cleaned")), "a compaction output was left");
+    Ok(())
+}
+
+/// A plan taken from a log that was reopened since (a restart, a snapshot install) installs
+/// nothing into the new one and leaves no output behind.
+#[test]
+fn a_plan_of_a_reopened_log_installs_nothing() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut log = Log::open(dir.path(), small_config())?;
+    updates(&mut log, Compression::None)?;
+    let index = latest(&log)?;
+    let before: Vec<(Offset, Record)> = log.scan(0).collect::<Result<_, _>>()?;
+    let plan = log.compaction_plan(log.next_offset())?;
+    drop(log);
+    let mut reopened = Log::open(dir.path(), small_config())?;
+    let compacted = plan.rewrite(&mut |key, offset| index.get(key) == Some(&offset), 0);
+    let stats = reopened.finish_compaction(compacted)?;
+    assert_eq!(stats.segments_rewritten, 0);
+    assert_eq!(reopened.scan(0).collect::<Result<Vec<_>, _>>()?, before);
+    assert!(!file_names(dir.path())?.iter().any(|n| n.ends_with(".cleaned")), "a compaction output was left");
+    Ok(())
+}
+
+/// A plan takes only the segments whose records are all below the offset it is given (the
+/// offset a key index covers): the others are not read, so no record is judged by an index
+/// that does not have its key yet.
+#[test]
+fn a_plan_leaves_segments_reaching_its_bound_alone() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut log = Log::open(dir.path(), small_config())?;
+    updates(&mut log, Compression::None)?;
+    let segments = log.segments();
+    let sealed: Vec<_> = segments.iter().filter(|s| s.sealed).collect();
+    assert!(sealed.len() >= 2, "the test needs two sealed segments: {segments:?}");
+    let bound = sealed[0].next_offset;
+    let plan = log.compaction_plan(bound)?;
+    // Every record is dead by this predicate: only the segments below the bound may lose any.
+    let compacted = plan.rewrite(&mut |_, _| false, i64::MAX);
+    log.finish_compaction(compacted)?;
+    let left: Vec<Offset> = log.scan(0).map(|r| r.map(|(o, _)| o)).collect::<Result<_, _>>()?;
+    assert!(left.iter().all(|o| *o >= bound), "records below {bound} survived: {left:?}");
+    let expected: Vec<Offset> = (bound..sealed[1].next_offset).collect();
+    assert_eq!(left, expected, "records at or above {bound} were compacted");
+    Ok(())
+}

@@ -100,6 +100,8 @@ pub struct Partition {
     reapply_until: AtomicU64,
     /// Segments copied to the object store (tiered storage) and the cache reads of them use.
     tier: Tier,
+    /// Held by a compaction for its whole pass: one at a time per replica.
+    compacting: std::sync::Mutex<()>,
     /// Counters for metrics.
     pub counters: Counters,
 }
@@ -255,6 +257,7 @@ impl Partition {
             visibility: RwLock::new(()),
             reapply_until: AtomicU64::new(0),
             tier,
+            compacting: std::sync::Mutex::new(()),
             counters: Counters::default(),
         }
     }
@@ -733,12 +736,24 @@ impl Partition {
     /// Compacts sealed segments: a keyed record stays while the index still
     /// points at it; tombstones stay until `tombstone_horizon_ms`. Offsets are
     /// preserved, so every lookup answer is unchanged.
+    ///
+    /// The log is held only to take the plan (read lock) and to install the
+    /// rewritten segments (write lock, a rename each); applies, lookups and fetches go
+    /// on while the segments are read and rewritten. A record found dead then stays
+    /// dead: the index only moves a key to newer offsets.
     pub fn compact(&self, tombstone_horizon_ms: i64) -> Result<logdex_log::CompactStats> {
+        let _one_at_a_time = self.compacting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if self.high_watermark() < self.reapply_until.load(Ordering::Acquire) {
             // The index is ahead of the log: it cannot say yet which records are live.
             return Ok(logdex_log::CompactStats::default());
         }
-        let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
+        let plan = {
+            let log = self.log.read().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
+            // Only what the index covers: an apply appends (and may seal a segment) before it
+            // indexes the keys and then moves the high watermark, and no append runs while the
+            // log is held. A record whose key is not indexed yet would look dead.
+            log.compaction_plan(self.high_watermark())?
+        };
         let index = &self.index;
         let replica = self.replica;
         // An index error keeps the record: compaction may only ever keep too much.
@@ -747,7 +762,12 @@ impl Partition {
             Ok(Lookup::NotFound) => false,
             Err(_) => true,
         };
-        let stats = log.compact(&mut live, tombstone_horizon_ms)?;
+        let compacted = plan.rewrite(&mut live, tombstone_horizon_ms);
+        let stats = self
+            .log
+            .write()
+            .map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?
+            .finish_compaction(compacted)?;
         self.counters.compactions.fetch_add(1, Ordering::Relaxed);
         self.counters.records_compacted.fetch_add(stats.records_removed, Ordering::Relaxed);
         Ok(stats)
