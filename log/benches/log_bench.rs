@@ -7,7 +7,11 @@
 //! 2. read_record latency (p50/p99/p999) at random offsets, on the log of
 //!    (1) and on a log of single-record batches of 100-byte values (the
 //!    key-value PUT shape);
-//! 3. scan records/s over 100-byte records in batches of 100.
+//! 3. scan records/s over 100-byte records in batches of 100;
+//! 4. appends beside a compaction pass: the latency of single-record appends
+//!    through a lock shared with a compaction of about 150 MiB of sealed
+//!    segments, when the pass holds the log throughout (as before) and when it
+//!    holds it only to plan and to install; appends alone are the baseline.
 //!
 //! `LOGDEX_BENCH_MB` sets the size of one append run (default 256).
 
@@ -44,6 +48,7 @@ fn main() -> BenchResult {
     let scan_mb = build_log(&scan_dir, 3_000_000, 100, 100, Compression::None)?;
     println!("built {scan_mb:.0} MiB log of 3,000,000 100-byte records in batches of 100");
     bench_scan(&scan_dir)?;
+    bench_compaction_beside_appends(&dir.path().join("compaction"))?;
     Ok(())
 }
 
@@ -181,6 +186,120 @@ fn bench_scan(dir: &Path) -> BenchResult {
         println!(
             "scan round {round}: {count} records in {elapsed:.2} s = {:.2} M records/s",
             count as f64 / elapsed / 1e6
+        );
+    }
+    Ok(())
+}
+
+/// Records of the compaction benchmark: 100,000 keys written 10 times each.
+const COMPACT_RECORDS: u64 = 1_000_000;
+const COMPACT_KEYS: u64 = 100_000;
+
+/// How a compaction pass shares the log with the appends.
+#[derive(Clone, Copy, Debug)]
+enum Locking {
+    /// No compaction: the appends alone.
+    None,
+    /// The pass holds the write lock from start to end.
+    WholePass,
+    /// The pass holds a read lock to plan and the write lock to install.
+    PlanRewriteInstall,
+}
+
+fn bench_compaction_beside_appends(dir: &Path) -> BenchResult {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, RwLock};
+
+    let source = dir.join("source");
+    let config = LogConfig { segment_bytes: 16 << 20, ..LogConfig::default() };
+    let mut live: HashMap<Vec<u8>, u64> = HashMap::new();
+    {
+        let mut log = Log::open(&source, config.clone())?;
+        for first in (0..COMPACT_RECORDS).step_by(10) {
+            let records: Vec<Record> = (first..first + 10)
+                .map(|i| Record {
+                    timestamp_ms: 1_700_000_000_000 + i as i64,
+                    key: Some(format!("key-{:08}", i % COMPACT_KEYS).into_bytes()),
+                    value: Some(vec![(i % 251) as u8; 100]),
+                    headers: Vec::new(),
+                })
+                .collect();
+            for (n, r) in records.iter().enumerate() {
+                live.insert(r.key.clone().unwrap_or_default(), first + n as u64);
+            }
+            log.append(&mut encode_batch(&records, Compression::None)?, 0)?;
+        }
+        log.roll()?;
+        log.sync()?;
+        println!(
+            "compaction: built {:.0} MiB of sealed segments ({COMPACT_RECORDS} records over {COMPACT_KEYS} keys)",
+            log.size_bytes() as f64 / (1 << 20) as f64
+        );
+    }
+    for (round, locking) in [Locking::None, Locking::WholePass, Locking::PlanRewriteInstall].into_iter().enumerate() {
+        let copy = dir.join(format!("round-{round}"));
+        std::fs::create_dir_all(&copy)?;
+        for entry in std::fs::read_dir(&source)? {
+            let entry = entry?;
+            std::fs::copy(entry.path(), copy.join(entry.file_name()))?;
+        }
+        let log = Arc::new(RwLock::new(Log::open(&copy, config.clone())?));
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (log, stop) = (log.clone(), stop.clone());
+            std::thread::spawn(move || -> Result<Vec<Duration>, String> {
+                let mut latencies = Vec::new();
+                let mut i = 0u64;
+                // Bounded: the pass ends within seconds; at most 200,000 appends either way.
+                while !stop.load(Ordering::Acquire) && latencies.len() < 200_000 {
+                    let r = Record {
+                        timestamp_ms: 1,
+                        key: Some(format!("new-{i}").into_bytes()),
+                        value: Some(vec![7; 100]),
+                        headers: Vec::new(),
+                    };
+                    let mut batch = encode_batch(&[r], Compression::None).map_err(|e| e.to_string())?;
+                    let t = Instant::now();
+                    log.write().map_err(|_| "poisoned")?.append(&mut batch, 0).map_err(|e| e.to_string())?;
+                    latencies.push(t.elapsed());
+                    i += 1;
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Ok(latencies)
+            })
+        };
+        let mut is_live = |key: &[u8], offset: u64| live.get(key) == Some(&offset);
+        let started = Instant::now();
+        let stats = match locking {
+            Locking::None => {
+                std::thread::sleep(Duration::from_secs(2));
+                logdex_log::CompactStats::default()
+            }
+            Locking::WholePass => log.write().map_err(|_| "poisoned")?.compact(&mut is_live, 0)?,
+            Locking::PlanRewriteInstall => {
+                let plan = log.read().map_err(|_| "poisoned")?.compaction_plan(u64::MAX)?;
+                let compacted = plan.rewrite(&mut is_live, 0);
+                log.write().map_err(|_| "poisoned")?.finish_compaction(compacted)?
+            }
+        };
+        let elapsed = started.elapsed();
+        stop.store(true, Ordering::Release);
+        let mut latencies = writer.join().map_err(|_| "writer panicked")??;
+        latencies.sort_unstable();
+        let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
+        println!(
+            "compaction {locking:?}: pass {:.2} s, {} records removed, {:.0} -> {:.0} MiB; {} appends beside it: \
+             p50 {:.1} us, p99 {:.1} us, p999 {:.1} us, max {:.1} ms",
+            elapsed.as_secs_f64(),
+            stats.records_removed,
+            stats.bytes_before as f64 / (1 << 20) as f64,
+            stats.bytes_after as f64 / (1 << 20) as f64,
+            latencies.len(),
+            at(0.5).as_secs_f64() * 1e6,
+            at(0.99).as_secs_f64() * 1e6,
+            at(0.999).as_secs_f64() * 1e6,
+            at(1.0).as_secs_f64() * 1e3,
         );
     }
     Ok(())
