@@ -6,18 +6,21 @@
 //! records keep their offset deltas, so offsets are preserved and gaps
 //! appear. A batch that loses every record is dropped.
 //!
-//! Crash protocol for segment `B`:
+//! Crash protocol for segment `B` (`log/FORMAT.md` section 7):
 //! 1. write `B.log.cleaned` (the prefix before the first changed batch is
-//!    copied), fsync it;
+//!    copied), fsync it, scan it, and write its seek table as
+//!    `B.seek.cleaned.tmp`, fsynced; all without holding the log;
 //! 2. remove `B.seek` (derived data; rebuilt if step 3 does not happen);
-//! 3. rename `B.log.cleaned` over `B.log` (atomic), fsync the directory;
-//! 4. rebuild the segment state from the new file and write `B.seek`.
+//! 3. rename `B.log.cleaned` over `B.log` (atomic) and `B.seek.cleaned.tmp`
+//!    to `B.seek`, fsync the directory.
 //!
-//! A crash before 3 leaves the old segment (open removes `*.log.cleaned`);
-//! after 3 the new one. A segment left with no batch is deleted (seek file,
-//! then log), except the first segment, which is kept as an empty file so
-//! the start offset does not move; the active segment is never touched.
-//! Because step 3 replaces a single file, no `.swap` stage is needed.
+//! A crash before 3 leaves the old segment (open removes the staged files);
+//! after 3 the new one; between its renames, a segment without a seek file
+//! or with a stale one, rebuilt on open either way. A segment left with no
+//! batch is deleted (seek file, then log), except the first segment, which
+//! is kept as an empty file so the start offset does not move; the active
+//! segment is never touched. Because step 3 replaces a single segment file,
+//! no `.swap` stage is needed.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -40,6 +43,15 @@ pub struct CompactStats {
     /// Total size of the sealed segments examined, before and after.
     pub bytes_before: u64,
     pub bytes_after: u64,
+}
+
+impl std::ops::AddAssign for CompactStats {
+    fn add_assign(&mut self, other: CompactStats) {
+        self.segments_rewritten += other.segments_rewritten;
+        self.records_removed += other.records_removed;
+        self.bytes_before += other.bytes_before;
+        self.bytes_after += other.bytes_after;
+    }
 }
 
 /// Decides which records stay.
@@ -125,6 +137,22 @@ impl CompactionPlan {
 }
 
 impl Compacted {
+    /// One part per rewritten segment, in order (the error, if any, with the last part), so
+    /// that a caller sharing the log can install them one at a time and let appends and
+    /// reads in between.
+    pub fn into_parts(self) -> Vec<Compacted> {
+        let Compacted { log_id, dir, rewrites, error } = self;
+        let mut parts: Vec<Compacted> = rewrites
+            .into_iter()
+            .map(|r| Compacted { log_id, dir: dir.clone(), rewrites: vec![r], error: None })
+            .collect();
+        match parts.last_mut() {
+            Some(last) => last.error = error,
+            None => parts.push(Compacted { log_id, dir, rewrites: Vec::new(), error }),
+        }
+        parts
+    }
+
     /// Removes the output of rewrites that will not be installed.
     pub(crate) fn discard(self) {
         for r in self.rewrites {
@@ -135,22 +163,19 @@ impl Compacted {
     }
 }
 
-/// Best effort: a `.cleaned` file left behind is removed when the log is next opened.
+/// Best effort: a file left behind is removed when the log is next opened.
 fn remove_cleaned(dir: &Path, base_offset: Offset) {
-    if let Err(e) = files::remove_if_exists(&files::cleaned_path(dir, base_offset)) {
-        warn!(base_offset, error = %e, "cannot remove a compaction output file");
+    for path in [files::cleaned_path(dir, base_offset), files::staged_seek_path(dir, base_offset)] {
+        if let Err(e) = files::remove_if_exists(&path) {
+            warn!(base_offset, error = %e, "cannot remove a compaction output file");
+        }
     }
 }
 
 /// Installs `rewrites` into `segments` (all but the last are sealed): each replaces its
 /// segment if that is still sealed and still the file the rewrite read (retention may have
 /// deleted it, a truncation or snapshot install replaced it); others are dropped.
-pub(crate) fn install(
-    dir: &Path,
-    segments: &mut Vec<Segment>,
-    rewrites: Vec<Rewrite>,
-    interval: u32,
-) -> Result<CompactStats> {
+pub(crate) fn install(dir: &Path, segments: &mut Vec<Segment>, rewrites: Vec<Rewrite>) -> Result<CompactStats> {
     let mut stats = CompactStats::default();
     for r in rewrites {
         let index = segments.iter().position(|s| s.base_offset == r.base_offset);
@@ -174,13 +199,14 @@ pub(crate) fn install(
         if segment.size_bytes() == 0 && current > 0 {
             drop(segment);
             files::remove_if_exists(&files::cleaned_path(dir, base_offset))?;
+            files::remove_if_exists(&files::staged_seek_path(dir, base_offset))?;
             segments[current].delete(dir)?;
             segments.remove(current);
             files::sync_dir(dir)?;
             continue;
         }
         swap_in(dir, base_offset)?;
-        segment.renamed_into_place(dir, interval)?;
+        segment.renamed_into_place(dir);
         stats.bytes_after += segment.size_bytes();
         info!(
             base_offset,
@@ -269,11 +295,18 @@ impl Policy<'_> {
     }
 }
 
-/// Removes the stale seek file and renames `B.log.cleaned` over `B.log`.
+/// Removes the stale seek file, renames `B.log.cleaned` over `B.log` and the staged seek
+/// file to `B.seek`, and fsyncs the directory. A crash between the renames leaves the new
+/// segment without a seek file (rebuilt on open) or, if only the second rename reached the
+/// disk, the old segment with a seek file whose recorded size and last batch do not match
+/// it (found stale and rebuilt on open).
 fn swap_in(dir: &Path, base_offset: Offset) -> Result<()> {
-    files::remove_if_exists(&files::seek_path(dir, base_offset))?;
+    let seek = files::seek_path(dir, base_offset);
+    files::remove_if_exists(&seek)?;
     let cleaned = files::cleaned_path(dir, base_offset);
     std::fs::rename(&cleaned, files::segment_path(dir, base_offset)).map_err(Error::io("rename", &cleaned))?;
+    let staged = files::staged_seek_path(dir, base_offset);
+    std::fs::rename(&staged, &seek).map_err(Error::io("rename", &staged))?;
     files::sync_dir(dir)
 }
 

@@ -4,6 +4,7 @@
 //! {base_offset:020}.log          segment (batches)
 //! {base_offset:020}.seek         seek table of a sealed segment
 //! {base_offset:020}.log.cleaned  compaction output not yet renamed over the segment
+//! {base_offset:020}.seek.cleaned.tmp  its seek file, renamed over the seek file with it
 //! *.tmp                          a file being written before its rename
 //! ```
 
@@ -49,6 +50,11 @@ pub(crate) fn seek_path(dir: &Path, base_offset: Offset) -> PathBuf {
 
 pub(crate) fn cleaned_path(dir: &Path, base_offset: Offset) -> PathBuf {
     dir.join(format!("{base_offset:020}{CLEANED_SUFFIX}"))
+}
+
+/// The seek file of a compaction output (`B.seek.cleaned.tmp`), written before the install.
+pub(crate) fn staged_seek_path(dir: &Path, base_offset: Offset) -> PathBuf {
+    dir.join(format!("{base_offset:020}{SEEK_SUFFIX}.cleaned{TMP_SUFFIX}"))
 }
 
 /// `path` with `.tmp` appended.

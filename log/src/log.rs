@@ -431,8 +431,7 @@ impl Log {
             return Err(Error::Poisoned);
         }
         let Compacted { rewrites, error, .. } = compacted;
-        let interval = self.config.seek_interval_bytes;
-        let stats = match compact::install(&self.dir, &mut self.segments, rewrites, interval) {
+        let stats = match compact::install(&self.dir, &mut self.segments, rewrites) {
             Ok(stats) => stats,
             Err(error) => return Err(self.poison(error)),
         };

@@ -345,8 +345,9 @@ impl Segment {
         Ok((meta.dev(), meta.ino()))
     }
 
-    /// Opens and scans `B.log.cleaned` (compaction output, fsynced) as a sealed segment;
-    /// [`Segment::renamed_into_place`] once it has been renamed over `B.log`.
+    /// Opens and scans `B.log.cleaned` (compaction output, fsynced) as a sealed segment and
+    /// writes its seek file as `B.seek.cleaned.tmp` (fsynced); [`Segment::renamed_into_place`]
+    /// once both have been renamed over `B.log` and `B.seek`.
     pub(crate) fn open_cleaned(dir: &Path, base_offset: Offset, interval: u32) -> Result<Segment> {
         let path = files::cleaned_path(dir, base_offset);
         let file = OpenOptions::new().read(true).write(true).open(&path).map_err(Error::io("open", &path))?;
@@ -355,14 +356,16 @@ impl Segment {
         if let ScanEnd::Invalid { position, error } = segment.rebuild(interval)? {
             return Err(segment.corrupt(position, error));
         }
+        let staged = files::staged_seek_path(dir, base_offset);
+        let mut out = File::create(&staged).map_err(Error::io("create", &staged))?;
+        out.write_all(&segment.seek.encode(&segment.facts(), interval)).map_err(Error::io("write", &staged))?;
+        out.sync_all().map_err(Error::io("fsync", &staged))?;
         Ok(segment)
     }
 
-    /// After `B.log.cleaned` was renamed over `B.log`: takes the segment's own path and
-    /// writes its seek file.
-    pub(crate) fn renamed_into_place(&mut self, dir: &Path, interval: u32) -> Result<()> {
+    /// After `B.log.cleaned` was renamed over `B.log`: the segment's own path.
+    pub(crate) fn renamed_into_place(&mut self, dir: &Path) {
         self.path = files::segment_path(dir, self.base_offset);
-        self.write_seek_file(interval)
     }
 
     fn empty(base_offset: Offset, path: PathBuf, file: File) -> Segment {

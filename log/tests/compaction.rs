@@ -275,3 +275,74 @@ fn a_plan_leaves_segments_reaching_its_bound_alone() -> TestResult {
     assert_eq!(left, expected, "records at or above {bound} were compacted");
     Ok(())
 }
+
+/// A compaction installed one segment at a time, with appends between the installs, ends
+/// as one installed whole.
+#[test]
+fn a_compaction_installed_segment_by_segment_with_appends_between() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut log = Log::open(dir.path(), small_config())?;
+    updates(&mut log, Compression::None)?;
+    let index = latest(&log)?;
+    let plan = log.compaction_plan(log.next_offset())?;
+    let parts = plan.rewrite(&mut |key, offset| index.get(key) == Some(&offset), 0).into_parts();
+    let count = parts.len();
+    assert!(count >= 2, "the test needs several sealed segments: {count}");
+    let mut stats = logdex_log::CompactStats::default();
+    for (n, part) in parts.into_iter().enumerate() {
+        stats += log.finish_compaction(part)?;
+        append(&mut log, &[unkeyed(&format!("between-{n}"))], Compression::None)?;
+    }
+    assert_eq!(stats.records_removed, 190);
+    let after: Vec<(Offset, Record)> = log.scan(0).collect::<Result<_, _>>()?;
+    let keyed_left = after.iter().filter(|(_, r)| r.key.is_some()).count();
+    let between = after.iter().filter(|(_, r)| r.key.is_none()).count();
+    assert_eq!((keyed_left, between), (10, count), "records after the installs: {after:?}");
+    Ok(())
+}
+
+/// The two renames of an install, cut by a crash: with only the seek file renamed the old
+/// segment comes back with its seek table rebuilt; with only the segment renamed the new one
+/// does. Either way every record reads back, and the leftovers are removed on open.
+#[test]
+fn an_install_cut_between_its_renames_reopens_whole() -> TestResult {
+    for seek_only in [true, false] {
+        let dir = tempfile::tempdir()?;
+        let mut log = Log::open(dir.path(), small_config())?;
+        updates(&mut log, Compression::None)?;
+        let before: Vec<(Offset, Record)> = log.scan(0).collect::<Result<_, _>>()?;
+        let index = latest(&log)?;
+        let plan = log.compaction_plan(log.next_offset())?;
+        let compacted = plan.rewrite(&mut |key, offset| index.get(key) == Some(&offset), 0);
+        drop(log);
+        // The crash: the first segment's staged files, one of them renamed into place.
+        let base = format!("{:020}", 0);
+        let (from, to) = if seek_only {
+            (format!("{base}.seek.cleaned.tmp"), format!("{base}.seek"))
+        } else {
+            (format!("{base}.log.cleaned"), format!("{base}.log"))
+        };
+        std::fs::rename(dir.path().join(from), dir.path().join(to))?;
+        drop(compacted);
+        let reopened = Log::open(dir.path(), small_config())?;
+        let after: Vec<(Offset, Record)> = reopened.scan(0).collect::<Result<_, _>>()?;
+        let live_ones: Vec<(Offset, Record)> =
+            before.iter().filter(|(o, r)| r.key.as_ref().and_then(|k| index.get(k)) == Some(o)).cloned().collect();
+        if seek_only {
+            assert_eq!(after, before, "the old segment with a new seek file");
+        } else {
+            assert!(live_ones.iter().all(|x| after.contains(x)), "a live record is missing after the cut install");
+            assert!(after.len() < before.len(), "the renamed compaction output is not in use");
+        }
+        for (offset, record) in &after {
+            assert_eq!(
+                reopened.read_record(*offset)?.map(|(_, r)| r).as_ref(),
+                Some(record),
+                "read_record at {offset}"
+            );
+        }
+        let names = file_names(dir.path())?;
+        assert!(!names.iter().any(|n| n.ends_with(".cleaned") || n.ends_with(".tmp")), "leftovers: {names:?}");
+    }
+    Ok(())
+}

@@ -763,11 +763,13 @@ impl Partition {
             Err(_) => true,
         };
         let compacted = plan.rewrite(&mut live, tombstone_horizon_ms);
-        let stats = self
-            .log
-            .write()
-            .map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?
-            .finish_compaction(compacted)?;
+        // One segment per hold of the log: an install is a rename, a directory fsync and a
+        // seek file, and appends wait for it.
+        let mut stats = logdex_log::CompactStats::default();
+        for part in compacted.into_parts() {
+            let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
+            stats += log.finish_compaction(part)?;
+        }
         self.counters.compactions.fetch_add(1, Ordering::Relaxed);
         self.counters.records_compacted.fetch_add(stats.records_removed, Ordering::Relaxed);
         Ok(stats)
