@@ -99,6 +99,7 @@ impl GroupStateMachine {
     /// Stages a snapshot of the applied state; runs in the state machine task,
     /// so nothing is applied meanwhile.
     fn stage_snapshot(&self) -> crate::Result<SnapshotBuilder> {
+        let started = std::time::Instant::now();
         let id = new_snapshot_id(self.state.applied.as_ref());
         let staged = self.snapshots.staging(&id)?;
         match &self.data {
@@ -106,6 +107,7 @@ impl GroupStateMachine {
             GroupData::Controller(c) => c.state().save(&staged)?,
         }
         let meta = SnapshotMeta { last_log_id: self.state.applied, last_membership: self.state.membership.clone() };
+        tracing::debug!(snapshot = %id, elapsed_us = started.elapsed().as_micros() as u64, "snapshot staged");
         Ok(SnapshotBuilder { snapshots: self.snapshots.clone(), staged, id, meta })
     }
 
@@ -236,7 +238,10 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
     }
 
     async fn try_create_snapshot_builder(&mut self, _force: bool) -> Option<Self::SnapshotBuilder> {
-        match self.stage_snapshot() {
+        // Staging fsyncs the segment log, the index and the new snapshot's files: the worker
+        // thread hands its other tasks (every other group of the node, the requests) to
+        // another thread meanwhile instead of stalling them.
+        match crate::tier::blocking(|| self.stage_snapshot()) {
             Ok(b) => Some(b),
             Err(e) => {
                 tracing::error!(error = %e, "cannot stage a snapshot");
@@ -257,19 +262,24 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
     }
 
     async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: SnapshotData) -> Result<(), io::Error> {
-        if let GroupData::Partition(p) = &self.data {
-            // Before it becomes this replica's current snapshot (which replaces the
-            // previous one): a damaged snapshot must leave the replica as it was.
-            p.verify_snapshot(&snapshot.dir).map_err(to_io)?;
-        }
-        let adopted = self.snapshots.adopt(&snapshot, meta).map_err(to_io)?;
         match &self.data {
             GroupData::Partition(p) => {
-                // Verified above, before it was adopted.
-                let state = p.install_verified_snapshot(&adopted.dir).map_err(to_io)?;
+                // Reads every file of the snapshot, installs it and rebuilds the index from
+                // its log: seconds for a large partition, during which the worker thread hands
+                // the node's other tasks to another thread (as when staging a snapshot).
+                let snapshots = &self.snapshots;
+                let state = crate::tier::blocking(|| -> Result<AppliedState, io::Error> {
+                    // Before it becomes this replica's current snapshot (which replaces the
+                    // previous one): a damaged snapshot must leave the replica as it was.
+                    p.verify_snapshot(&snapshot.dir).map_err(to_io)?;
+                    let adopted = snapshots.adopt(&snapshot, meta).map_err(to_io)?;
+                    // Verified above, before it was adopted.
+                    p.install_verified_snapshot(&adopted.dir).map_err(to_io)
+                })?;
                 self.state = state;
             }
             GroupData::Controller(c) => {
+                let adopted = self.snapshots.adopt(&snapshot, meta).map_err(to_io)?;
                 let mut installed = ClusterState::load(&adopted.dir).map_err(to_io)?;
                 installed.applied = meta.last_log_id;
                 installed.membership = meta.last_membership.clone();
