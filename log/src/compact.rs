@@ -73,7 +73,8 @@ const COMPACT_CHUNK_BYTES: usize = 1 << 20;
 /// [`crate::Log::finish_compaction`]. Sealed segment files are never modified in place,
 /// so the rewrite reads exactly the bytes the log held when the plan was taken.
 pub struct CompactionPlan {
-    pub(crate) log_id: u64,
+    /// The log's id and its count of truncations and resets when the plan was taken.
+    pub(crate) log_id: (u64, u64),
     pub(crate) dir: PathBuf,
     pub(crate) interval: u32,
     /// Read handles of the sealed segments, oldest first, with the file each reads.
@@ -82,7 +83,7 @@ pub struct CompactionPlan {
 
 /// Rewritten segments waiting for [`crate::Log::finish_compaction`].
 pub struct Compacted {
-    pub(crate) log_id: u64,
+    pub(crate) log_id: (u64, u64),
     pub(crate) dir: PathBuf,
     pub(crate) rewrites: Vec<Rewrite>,
     /// What stopped the rewrite (a damaged batch, a failed write): reported once the
@@ -174,7 +175,8 @@ fn remove_cleaned(dir: &Path, base_offset: Offset) {
 
 /// Installs `rewrites` into `segments` (all but the last are sealed): each replaces its
 /// segment if that is still sealed and still the file the rewrite read (retention may have
-/// deleted it, a truncation or snapshot install replaced it); others are dropped.
+/// deleted it); others are dropped. The caller checked that the log was neither reopened nor
+/// truncated since the plan (a truncation may cut a sealed segment's file in place).
 pub(crate) fn install(dir: &Path, segments: &mut Vec<Segment>, rewrites: Vec<Rewrite>) -> Result<CompactStats> {
     let mut stats = CompactStats::default();
     for r in rewrites {

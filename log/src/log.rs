@@ -22,6 +22,9 @@ use crate::snapshot;
 pub struct Log {
     /// Unique per opened log in this process (compaction plans name the log they came from).
     id: u64,
+    /// Bumped by every truncation and reset: they may change a sealed segment's file in
+    /// place, which a compaction planned before must not overwrite.
+    cuts: u64,
     dir: PathBuf,
     config: LogConfig,
     /// Sorted by base offset, never empty; the last one is active.
@@ -265,6 +268,7 @@ impl Log {
             Some(located) => located.position,
             None => segment.size_bytes(),
         };
+        self.cuts += 1;
         self.guarded(|log| log.truncate_at(index, cut, next_offset))
     }
 
@@ -274,6 +278,7 @@ impl Log {
         if self.poisoned {
             return Err(Error::Poisoned);
         }
+        self.cuts += 1;
         self.guarded(|log| {
             // Newest first, so a crash leaves a prefix of the old log; the
             // oldest entry stays listed until its replacement exists, so the
@@ -409,7 +414,7 @@ impl Log {
             .map(|s| Ok((s.read_view()?, s.file_id()?)))
             .collect::<Result<Vec<_>>>()?;
         Ok(CompactionPlan {
-            log_id: self.id,
+            log_id: (self.id, self.cuts),
             dir: self.dir.clone(),
             interval: self.config.seek_interval_bytes,
             segments,
@@ -417,12 +422,12 @@ impl Log {
     }
 
     /// Installs rewritten segments (the crash protocol of `compact.rs`, step 2 on). A
-    /// segment that is gone or was replaced since the plan was taken (retention, a
-    /// truncation, a snapshot install) keeps its current file; a plan of another log
-    /// (this one was reopened) installs nothing. A failed install poisons the log; an
+    /// segment that is gone since the plan was taken (retention) keeps its state; a plan
+    /// taken before a truncation or a reset of this log, or from another log (this one was
+    /// reopened, a snapshot installed), installs nothing. A failed install poisons the log; an
     /// error that stopped the rewrite is returned after what came before it is installed.
     pub fn finish_compaction(&mut self, compacted: Compacted) -> Result<CompactStats> {
-        if compacted.log_id != self.id {
+        if compacted.log_id != (self.id, self.cuts) {
             compacted.discard();
             return Ok(CompactStats::default());
         }
@@ -491,6 +496,7 @@ impl Log {
         let bases = Log::clean_dir(dir)?;
         let mut log = Log {
             id: NEXT_LOG_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            cuts: 0,
             dir: dir.to_path_buf(),
             config,
             segments: Vec::with_capacity(bases.len().max(1)),

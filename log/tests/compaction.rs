@@ -346,3 +346,30 @@ fn an_install_cut_between_its_renames_reopens_whole() -> TestResult {
     }
     Ok(())
 }
+
+/// A truncation between the plan and the install (it may cut a sealed segment's file in
+/// place, keeping its inode) makes the install drop the whole plan: the truncated records
+/// do not come back, and what was appended after the truncation stays.
+#[test]
+fn a_plan_taken_before_a_truncation_installs_nothing() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut log = Log::open(dir.path(), small_config())?;
+    updates(&mut log, Compression::None)?;
+    let index = latest(&log)?;
+    let plan = log.compaction_plan(log.next_offset())?;
+    // Cut into the first sealed segment at a batch boundary, then write and roll again.
+    log.truncate(50)?;
+    append(&mut log, &[unkeyed("after the cut")], Compression::None)?;
+    log.roll()?;
+    let expected: Vec<(Offset, Record)> = log.scan(0).collect::<Result<_, _>>()?;
+    let compacted = plan.rewrite(&mut |key, offset| index.get(key) == Some(&offset), 0);
+    let stats = log.finish_compaction(compacted)?;
+    assert_eq!(stats.segments_rewritten, 0);
+    assert_eq!(log.scan(0).collect::<Result<Vec<_>, _>>()?, expected);
+    assert_eq!(log.next_offset(), 51);
+    assert!(!file_names(dir.path())?.iter().any(|n| n.ends_with(".cleaned") || n.ends_with(".tmp")));
+    drop(log);
+    let reopened = Log::open(dir.path(), small_config())?;
+    assert_eq!(reopened.scan(0).collect::<Result<Vec<_>, _>>()?, expected);
+    Ok(())
+}

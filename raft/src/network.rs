@@ -157,6 +157,16 @@ impl ChannelPool {
     }
 }
 
+/// Aborts a task when dropped: the request pump of a replication stream ends with the
+/// stream's answers.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Creates connections for one group.
 pub struct NetworkFactory {
     group: GroupId,
@@ -281,15 +291,34 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
             // for STREAM_ANSWER_TIMEOUT fails, so openraft replicates again on a new stream
             // instead of waiting forever on one whose bytes were lost.
             let owed = Arc::new(std::sync::atomic::AtomicI64::new(0));
-            let sent = owed.clone();
-            let requests = input.map(move |rpc| {
-                sent.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-                append_request_to_pb(header, &rpc)
+            // A request is owed from the moment openraft hands it over, not from when HTTP/2
+            // takes it: a stream whose send window was lost (its WINDOW_UPDATE frames dropped
+            // on a flaky link) never takes the next request, and would otherwise owe nothing
+            // and wait forever while pings keep its connection alive. The pump holds at most
+            // one request beyond what the stream took.
+            let (queue, queued) = tokio::sync::mpsc::channel::<pb::AppendEntriesRequest>(1);
+            let pump = {
+                let sent = owed.clone();
+                let mut input = input;
+                tokio::spawn(async move {
+                    while let Some(rpc) = input.next().await {
+                        sent.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                        if queue.send(append_request_to_pb(header, &rpc)).await.is_err() {
+                            break;
+                        }
+                    }
+                })
+            };
+            let pump = AbortOnDrop(pump);
+            let requests = futures::stream::unfold(queued, |mut queued| async move {
+                queued.recv().await.map(|request| (request, queued))
             });
             let responses = client.stream_append(requests).await.map_err(unreachable)?.into_inner();
             let results = futures::stream::unfold(Some(responses), move |responses| {
                 let owed = owed.clone();
                 let (pool, addr) = (pool.clone(), addr.clone());
+                // The pump lives as long as the answers are read.
+                let _pump = &pump;
                 async move {
                     let mut responses = responses?;
                     loop {

@@ -100,8 +100,13 @@ pub struct Partition {
     reapply_until: AtomicU64,
     /// Segments copied to the object store (tiered storage) and the cache reads of them use.
     tier: Tier,
-    /// Held by a compaction for its whole pass: one at a time per replica.
+    /// Held by a compaction for its whole pass (one at a time per replica), and by a
+    /// snapshot install (which replaces the files a compaction writes beside).
     compacting: std::sync::Mutex<()>,
+    /// Held while `checkpoint.json` is computed and written, and by a snapshot install (which
+    /// writes its own): checkpoints run from the checkpointer, local retention and snapshot
+    /// staging, and one computed before another must not be written after it.
+    checkpointing: std::sync::Mutex<()>,
     /// Counters for metrics.
     pub counters: Counters,
 }
@@ -258,6 +263,7 @@ impl Partition {
             reapply_until: AtomicU64::new(0),
             tier,
             compacting: std::sync::Mutex::new(()),
+            checkpointing: std::sync::Mutex::new(()),
             counters: Counters::default(),
         }
     }
@@ -318,6 +324,8 @@ impl Partition {
     /// machine checks it before adopting it, and its files do not change after that), so
     /// its files are not read a second time.
     pub fn install_verified_snapshot(&self, snapshot_dir: &Path) -> Result<AppliedState> {
+        let _no_compaction = self.compacting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _no_checkpoint = self.checkpointing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         write_file_durably(&self.dir, INSTALL_FILE, &serde_json::to_vec(snapshot_dir).unwrap_or_default())?;
         let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
         let _visible = self.visibility.write().map_err(|_| Error::Corrupted("visibility lock poisoned".into()))?;
@@ -466,6 +474,7 @@ impl Partition {
     /// [`Partition::checkpoint`]; returns the offset the checkpoint now records, `None` when
     /// none was written (nothing applied yet, or more was applied while it synced).
     fn checkpoint_at(&self) -> Result<Option<Offset>> {
+        let _one_at_a_time = self.checkpointing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let next_offset = {
             let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
             log.sync()?;
