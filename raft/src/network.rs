@@ -157,6 +157,64 @@ impl ChannelPool {
     }
 }
 
+/// The requests of a replication stream that await an answer, and since when the oldest of
+/// them has waited without the stream answering anything.
+struct Owed {
+    count: std::sync::atomic::AtomicI64,
+    /// Nanoseconds after `start` when the stream last made progress while owing: the first
+    /// request after none was owed, or an answer that left others owed.
+    since: std::sync::atomic::AtomicU64,
+    start: std::time::Instant,
+}
+
+impl Owed {
+    fn new() -> Owed {
+        Owed {
+            count: std::sync::atomic::AtomicI64::new(0),
+            since: std::sync::atomic::AtomicU64::new(0),
+            start: std::time::Instant::now(),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    /// Called by the pump only (one task), so nothing else raises the count between the
+    /// check and the increment; the clock starts before the count says a request is owed.
+    fn handed_over(&self) {
+        use std::sync::atomic::Ordering;
+        if self.count.load(Ordering::Acquire) <= 0 {
+            self.since.store(self.now(), Ordering::Release);
+        }
+        self.count.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// An answer is progress: the clock restarts for the requests still owed.
+    fn answered(&self) {
+        use std::sync::atomic::Ordering;
+        self.since.store(self.now(), Ordering::Release);
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// How long the stream has owed an answer without answering; `None` when it owes none.
+    fn waiting(&self) -> Option<Duration> {
+        use std::sync::atomic::Ordering;
+        (self.count.load(Ordering::Acquire) > 0)
+            .then(|| Duration::from_nanos(self.now().saturating_sub(self.since.load(Ordering::Acquire))))
+    }
+
+    fn overdue(&self) -> bool {
+        self.waiting().is_some_and(|w| w >= STREAM_ANSWER_TIMEOUT)
+    }
+
+    /// Until the oldest owed request is overdue (a full period when nothing is owed).
+    fn time_left(&self) -> Duration {
+        let left = STREAM_ANSWER_TIMEOUT.saturating_sub(self.waiting().unwrap_or_default());
+        left.max(Duration::from_millis(1))
+    }
+}
+
 /// Aborts a task when dropped: the request pump of a replication stream ends with the
 /// stream's answers.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -287,22 +345,21 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
         let (pool, addr) = (self.pool.clone(), self.addr.clone());
         Box::pin(async move {
             let mut client = client?;
-            // Requests sent and not yet answered: a stream that owes answers and stays silent
-            // for STREAM_ANSWER_TIMEOUT fails, so openraft replicates again on a new stream
-            // instead of waiting forever on one whose bytes were lost.
-            let owed = Arc::new(std::sync::atomic::AtomicI64::new(0));
-            // A request is owed from the moment openraft hands it over, not from when HTTP/2
-            // takes it: a stream whose send window was lost (its WINDOW_UPDATE frames dropped
-            // on a flaky link) never takes the next request, and would otherwise owe nothing
-            // and wait forever while pings keep its connection alive. The pump holds at most
-            // one request beyond what the stream took.
+            // Requests handed over and not yet answered: a stream that owes answers and gets
+            // none for STREAM_ANSWER_TIMEOUT fails, so openraft replicates again on a new
+            // stream, over a new connection, instead of waiting forever on one whose bytes
+            // were lost. A request is owed from the moment openraft hands it over, not from
+            // when HTTP/2 takes it: a stream whose send window was lost (its WINDOW_UPDATE
+            // frames dropped on a flaky link) never takes the next request, and would
+            // otherwise owe nothing while pings keep its connection alive.
+            let owed = Arc::new(Owed::new());
             let (queue, queued) = tokio::sync::mpsc::channel::<pb::AppendEntriesRequest>(1);
             let pump = {
-                let sent = owed.clone();
+                let owed = owed.clone();
                 let mut input = input;
                 tokio::spawn(async move {
                     while let Some(rpc) = input.next().await {
-                        sent.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                        owed.handed_over();
                         if queue.send(append_request_to_pb(header, &rpc)).await.is_err() {
                             break;
                         }
@@ -313,7 +370,26 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
             let requests = futures::stream::unfold(queued, |mut queued| async move {
                 queued.recv().await.map(|request| (request, queued))
             });
-            let responses = client.stream_append(requests).await.map_err(unreachable)?.into_inner();
+            let given_up = |pool: &ChannelPool, addr: &str| {
+                // The next stream goes over a new connection: this one may still answer pings
+                // while its data no longer flows.
+                pool.forget(addr);
+                unreachable(format!("no append answer within {STREAM_ANSWER_TIMEOUT:?} on the replication stream"))
+            };
+            // The peer answers the stream's opening once it has the first request: a
+            // connection that cannot carry it would keep the opening waiting too.
+            let open = client.stream_append(requests);
+            tokio::pin!(open);
+            let responses = loop {
+                tokio::select! {
+                    opened = &mut open => break opened.map_err(unreachable)?.into_inner(),
+                    _ = tokio::time::sleep(owed.time_left()) => {
+                        if owed.overdue() {
+                            return Err(given_up(&pool, &addr));
+                        }
+                    }
+                }
+            };
             let results = futures::stream::unfold(Some(responses), move |responses| {
                 let owed = owed.clone();
                 let (pool, addr) = (pool.clone(), addr.clone());
@@ -322,23 +398,15 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
                 async move {
                     let mut responses = responses?;
                     loop {
-                        match tokio::time::timeout(STREAM_ANSWER_TIMEOUT, responses.next()).await {
+                        match tokio::time::timeout(owed.time_left(), responses.next()).await {
                             Ok(None) => return None,
                             Ok(Some(item)) => {
-                                owed.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                                owed.answered();
                                 let result = item.map_err(unreachable).and_then(stream_append_result);
                                 return Some((result, Some(responses)));
                             }
-                            Err(_) if owed.load(std::sync::atomic::Ordering::Acquire) <= 0 => continue,
-                            Err(_) => {
-                                // The next stream goes over a new connection: this one may
-                                // still answer pings while its data no longer flows.
-                                pool.forget(&addr);
-                                let e = unreachable(format!(
-                                    "no append answer within {STREAM_ANSWER_TIMEOUT:?} on the replication stream"
-                                ));
-                                return Some((Err(e), None));
-                            }
+                            Err(_) if owed.overdue() => return Some((Err(given_up(&pool, &addr)), None)),
+                            Err(_) => continue,
                         }
                     }
                 }
@@ -439,5 +507,43 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
         Some(Backoff::new(std::iter::successors(Some(Duration::from_millis(50)), |d| {
             Some((*d * 2).min(Duration::from_millis(1000)))
         })))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_owing_nothing_is_never_overdue() {
+        let owed = Owed::new();
+        assert!(!owed.overdue());
+        assert_eq!(owed.time_left(), STREAM_ANSWER_TIMEOUT);
+        owed.handed_over();
+        owed.answered();
+        assert!(!owed.overdue());
+        assert_eq!(owed.time_left(), STREAM_ANSWER_TIMEOUT);
+    }
+
+    #[test]
+    fn the_deadline_runs_from_the_oldest_unanswered_request_and_restarts_on_an_answer() {
+        let owed = Owed::new();
+        // An idle stream for a long time, then a request: it has the whole period.
+        owed.since.store(0, std::sync::atomic::Ordering::Release);
+        std::thread::sleep(Duration::from_millis(30));
+        owed.handed_over();
+        assert!(owed.time_left() > STREAM_ANSWER_TIMEOUT - Duration::from_millis(20), "{:?}", owed.time_left());
+        // A stream that started 20 s ago and has owed a request since its start: overdue,
+        // and a second request does not restart the clock of the first.
+        let start = std::time::Instant::now().checked_sub(Duration::from_secs(20)).expect("an instant 20 s ago");
+        let old = Owed { start, ..Owed::new() };
+        old.handed_over();
+        old.since.store(0, std::sync::atomic::Ordering::Release);
+        old.handed_over();
+        assert!(old.overdue());
+        // One answer while another is owed: progress, the clock restarts.
+        old.answered();
+        assert!(!old.overdue());
+        assert!(old.waiting().is_some(), "one request is still owed");
     }
 }
