@@ -747,7 +747,7 @@ impl Partition {
     /// preserved, so every lookup answer is unchanged.
     ///
     /// The log is held only to take the plan (read lock) and to install the
-    /// rewritten segments (write lock, a rename each); applies, lookups and fetches go
+    /// rewritten segments (write lock, one segment per hold); applies, lookups and fetches go
     /// on while the segments are read and rewritten. A record found dead then stays
     /// dead: the index only moves a key to newer offsets.
     pub fn compact(&self, tombstone_horizon_ms: i64) -> Result<logdex_log::CompactStats> {
@@ -772,8 +772,8 @@ impl Partition {
             Err(_) => true,
         };
         let compacted = plan.rewrite(&mut live, tombstone_horizon_ms);
-        // One segment per hold of the log: an install is a rename, a directory fsync and a
-        // seek file, and appends wait for it.
+        // One segment per hold of the log: an install is two renames and a directory fsync,
+        // and appends wait for it.
         let mut stats = logdex_log::CompactStats::default();
         for part in compacted.into_parts() {
             let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
