@@ -187,14 +187,31 @@ fn truncate_into_a_compacted_gap_keeps_the_next_offset() -> TestResult {
     Ok(())
 }
 
-/// Compaction split into plan, rewrite and install: writes between the plan and the install
-/// (the log is not held while segments are rewritten) are kept, and the rewrite is installed.
-#[test]
-fn writes_between_plan_and_install_are_kept_and_the_rewrite_installed() -> TestResult {
+/// Each key's newest offset, as [`latest`] finds it.
+type KeyIndex = HashMap<Vec<u8>, Offset>;
+
+/// A fresh directory holding a log of [`updates`] (sealed segments with dead records), and
+/// the key index of that log.
+fn updated_log() -> Result<(tempfile::TempDir, Log, KeyIndex), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let mut log = Log::open(dir.path(), small_config())?;
     updates(&mut log, Compression::None)?;
     let index = latest(&log)?;
+    Ok((dir, log, index))
+}
+
+/// No compaction output (`.cleaned`, staged `.tmp` files) is left in `dir`.
+fn assert_no_leftovers(dir: &std::path::Path) -> TestResult {
+    let names = file_names(dir)?;
+    assert!(!names.iter().any(|n| n.ends_with(".cleaned") || n.ends_with(".tmp")), "leftovers: {names:?}");
+    Ok(())
+}
+
+/// Compaction split into plan, rewrite and install: writes between the plan and the install
+/// (the log is not held while segments are rewritten) are kept, and the rewrite is installed.
+#[test]
+fn writes_between_plan_and_install_are_kept_and_the_rewrite_installed() -> TestResult {
+    let (dir, mut log, index) = updated_log()?;
     let plan = log.compaction_plan(log.next_offset())?;
     // Newer values of every key and a roll, while the plan is out.
     for n in 0..10 {
@@ -207,7 +224,7 @@ fn writes_between_plan_and_install_are_kept_and_the_rewrite_installed() -> TestR
     let after: Vec<(Offset, Record)> = log.scan(0).collect::<Result<_, _>>()?;
     assert_eq!(after.len(), 20, "10 live records of the plan and the 10 written during it: {after:?}");
     assert_eq!(after.last().map(|(o, _)| *o), Some(209));
-    assert!(!file_names(dir.path())?.iter().any(|n| n.ends_with(".cleaned")), "a compaction output was left");
+    assert_no_leftovers(dir.path())?;
     drop(log);
     let reopened = Log::open(dir.path(), small_config())?;
     assert_eq!(reopened.scan(0).collect::<Result<Vec<_>, _>>()?, after);
@@ -217,10 +234,7 @@ fn writes_between_plan_and_install_are_kept_and_the_rewrite_installed() -> TestR
 /// A segment deleted by retention while its rewrite ran is not brought back by the install.
 #[test]
 fn a_segment_deleted_during_compaction_stays_deleted() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let mut log = Log::open(dir.path(), small_config())?;
-    updates(&mut log, Compression::None)?;
-    let index = latest(&log)?;
+    let (dir, mut log, index) = updated_log()?;
     let plan = log.compaction_plan(log.next_offset())?;
     let deleted = log.delete_oldest_sealed()?.ok_or("no sealed segment to delete")?;
     let start = log.start_offset();
@@ -229,7 +243,7 @@ fn a_segment_deleted_during_compaction_stays_deleted() -> TestResult {
     assert_eq!(log.start_offset(), start, "the deleted segment {deleted} came back");
     let first = log.scan(0).next().transpose()?.map(|(o, _)| o);
     assert!(first.is_none_or(|o| o >= start), "a record below the log start {start} is readable: {first:?}");
-    assert!(!file_names(dir.path())?.iter().any(|n| n.ends_with(".cleaned")), "a compaction output was left");
+    assert_no_leftovers(dir.path())?;
     Ok(())
 }
 
@@ -237,10 +251,7 @@ fn a_segment_deleted_during_compaction_stays_deleted() -> TestResult {
 /// nothing into the new one and leaves no output behind.
 #[test]
 fn a_plan_of_a_reopened_log_installs_nothing() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let mut log = Log::open(dir.path(), small_config())?;
-    updates(&mut log, Compression::None)?;
-    let index = latest(&log)?;
+    let (dir, log, index) = updated_log()?;
     let before: Vec<(Offset, Record)> = log.scan(0).collect::<Result<_, _>>()?;
     let plan = log.compaction_plan(log.next_offset())?;
     drop(log);
@@ -249,7 +260,7 @@ fn a_plan_of_a_reopened_log_installs_nothing() -> TestResult {
     let stats = reopened.finish_compaction(compacted)?;
     assert_eq!(stats.segments_rewritten, 0);
     assert_eq!(reopened.scan(0).collect::<Result<Vec<_>, _>>()?, before);
-    assert!(!file_names(dir.path())?.iter().any(|n| n.ends_with(".cleaned")), "a compaction output was left");
+    assert_no_leftovers(dir.path())?;
     Ok(())
 }
 
@@ -280,10 +291,7 @@ fn a_plan_leaves_segments_reaching_its_bound_alone() -> TestResult {
 /// as one installed whole.
 #[test]
 fn a_compaction_installed_segment_by_segment_with_appends_between() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let mut log = Log::open(dir.path(), small_config())?;
-    updates(&mut log, Compression::None)?;
-    let index = latest(&log)?;
+    let (_dir, mut log, index) = updated_log()?;
     let plan = log.compaction_plan(log.next_offset())?;
     let parts = plan.rewrite(&mut |key, offset| index.get(key) == Some(&offset), 0).into_parts();
     let count = parts.len();
@@ -307,11 +315,8 @@ fn a_compaction_installed_segment_by_segment_with_appends_between() -> TestResul
 #[test]
 fn an_install_cut_between_its_renames_reopens_whole() -> TestResult {
     for seek_only in [true, false] {
-        let dir = tempfile::tempdir()?;
-        let mut log = Log::open(dir.path(), small_config())?;
-        updates(&mut log, Compression::None)?;
+        let (dir, log, index) = updated_log()?;
         let before: Vec<(Offset, Record)> = log.scan(0).collect::<Result<_, _>>()?;
-        let index = latest(&log)?;
         let plan = log.compaction_plan(log.next_offset())?;
         let compacted = plan.rewrite(&mut |key, offset| index.get(key) == Some(&offset), 0);
         drop(log);
@@ -341,8 +346,7 @@ fn an_install_cut_between_its_renames_reopens_whole() -> TestResult {
                 "read_record at {offset}"
             );
         }
-        let names = file_names(dir.path())?;
-        assert!(!names.iter().any(|n| n.ends_with(".cleaned") || n.ends_with(".tmp")), "leftovers: {names:?}");
+        assert_no_leftovers(dir.path())?;
     }
     Ok(())
 }
@@ -352,10 +356,7 @@ fn an_install_cut_between_its_renames_reopens_whole() -> TestResult {
 /// do not come back, and what was appended after the truncation stays.
 #[test]
 fn a_plan_taken_before_a_truncation_installs_nothing() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let mut log = Log::open(dir.path(), small_config())?;
-    updates(&mut log, Compression::None)?;
-    let index = latest(&log)?;
+    let (dir, mut log, index) = updated_log()?;
     let plan = log.compaction_plan(log.next_offset())?;
     // Cut into the first sealed segment at a batch boundary, then write and roll again.
     log.truncate(50)?;
@@ -367,7 +368,7 @@ fn a_plan_taken_before_a_truncation_installs_nothing() -> TestResult {
     assert_eq!(stats.segments_rewritten, 0);
     assert_eq!(log.scan(0).collect::<Result<Vec<_>, _>>()?, expected);
     assert_eq!(log.next_offset(), 51);
-    assert!(!file_names(dir.path())?.iter().any(|n| n.ends_with(".cleaned") || n.ends_with(".tmp")));
+    assert_no_leftovers(dir.path())?;
     drop(log);
     let reopened = Log::open(dir.path(), small_config())?;
     assert_eq!(reopened.scan(0).collect::<Result<Vec<_>, _>>()?, expected);
