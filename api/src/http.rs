@@ -895,7 +895,7 @@ async fn metrics(State(s): State<AppState>) -> Response {
         ),
         (
             "logdex_read_index_requests_total",
-            "Read-index requests sent to leaders for them (concurrent reads of a group share one).",
+            "Read-index calls sent to leaders for them (concurrent reads of the groups one node leads share one).",
             &reads.fetches,
         ),
         ("logdex_raft_log_fsyncs_total", "fsyncs of the Raft log (one serves every group).", &sync.fsyncs),

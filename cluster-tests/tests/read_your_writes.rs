@@ -1,6 +1,7 @@
 //! Linearizable reads from followers see writes acknowledged just before them
 //! (DESIGN.md I6), in both linearizable (lease) and strict (read index) modes, also
-//! between nodes that cannot use call streams and fall back to unary RPCs.
+//! between nodes that cannot use call streams and fall back to unary RPCs, and when
+//! concurrent reads of several partitions share one read-index call per leader node.
 
 use logdex_cluster_tests::Cluster;
 use logdex_cluster_tests::Read;
@@ -14,6 +15,12 @@ use std::time::Duration;
 
 const TOPIC: &str = "ryw";
 const ROUNDS: usize = 60;
+/// Six partitions: each node follows about four, led by the two other nodes.
+const MANY: &str = "ryw-many";
+const MANY_KEYS: usize = 12;
+const MANY_ROUNDS: usize = 30;
+/// The node every read of the concurrent rounds goes to.
+const READER: u64 = 1;
 
 /// For each round: write a new value for one key through the partition leader,
 /// and as soon as it is acknowledged read it back from both followers, one in
@@ -75,21 +82,27 @@ async fn nodes_without_call_streams_serve_follower_reads_and_forwarded_writes_ov
 }
 
 async fn without_call_streams(cluster: &mut Cluster) -> Result<()> {
+    restart_with_fail_point(cluster, "rpc::calls_unsupported").await?;
+    rounds(cluster).await?;
+    forwarded_rounds(cluster).await
+}
+
+/// Restarts every node with fail point `name` set to `return` (a failpoints build).
+async fn restart_with_fail_point(cluster: &mut Cluster, name: &str) -> Result<()> {
     cluster.stop_all()?;
     for id in cluster.node_ids() {
-        cluster.set_node_env(id, FAILPOINTS_ENV, "rpc::calls_unsupported=return");
+        cluster.set_node_env(id, FAILPOINTS_ENV, &format!("{name}=return"));
     }
     cluster.restart_all().await?;
     for id in cluster.node_ids() {
         let log = cluster.launch_log(id)?;
         ensure!(
-            log.contains("crash points armed") && log.contains("rpc::calls_unsupported"),
-            "node {id} did not arm rpc::calls_unsupported: is the binary a failpoints build \
+            log.contains("crash points armed") && log.contains(name),
+            "node {id} did not arm {name}: is the binary a failpoints build \
              (`cargo build -p logdex-api --bin logdex --features failpoints`)?"
         );
     }
-    rounds(cluster).await?;
-    forwarded_rounds(cluster).await
+    Ok(())
 }
 
 /// Writes through one follower (forwarded to the leader), reads back through the other.
@@ -112,5 +125,83 @@ async fn forwarded_rounds(cluster: &Cluster) -> Result<()> {
         );
         ensure!(read.header_u64("x-kv-offset")? >= offset, "round {round}: stale offset from node {}", followers[1]);
     }
+    Ok(())
+}
+
+/// Reads of many partitions at once from one node, right after a write to each: every
+/// read sees its write. Concurrent follower reads of the groups one node leads share
+/// read-index calls (`ReadIndexBatch`), so the reader sent fewer read-index requests
+/// than it served follower reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_follower_reads_of_many_partitions_share_read_index_calls_and_see_acknowledged_writes() -> Result<()>
+{
+    let cluster = Cluster::start(3).await?;
+    let outcome = concurrent_rounds(&cluster).await;
+    cluster.finish(outcome)
+}
+
+/// The same rounds with every node answering `ReadIndexBatch` with UNIMPLEMENTED, as a
+/// node from before it does (fail point `rpc::read_index_batch_unsupported`, a failpoints
+/// build): the reader asks for each group's read index alone, with the same answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_without_read_index_batch_serve_concurrent_follower_reads_one_group_per_call() -> Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    let outcome = async {
+        restart_with_fail_point(&mut cluster, "rpc::read_index_batch_unsupported").await?;
+        concurrent_rounds(&cluster).await
+    }
+    .await;
+    cluster.finish(outcome)
+}
+
+/// The sum of the samples of metric `name` on `node`.
+async fn metric(cluster: &Cluster, node: u64, name: &str) -> Result<u64> {
+    let text = cluster.api().get_url(&format!("{}/metrics", cluster.url(node))).await?.text();
+    Ok(text
+        .lines()
+        .filter(|l| l.split([' ', '{']).next() == Some(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum())
+}
+
+async fn concurrent_rounds(cluster: &Cluster) -> Result<()> {
+    let api = cluster.api();
+    let reader = cluster.url(READER);
+    api.create_topic(&reader, &TopicSpec::compacted(MANY, 6, 3)).await?.expect_status(201)?;
+    let described = cluster.wait_for_leaders(MANY, Duration::from_secs(20)).await?;
+    ensure!(
+        described.partitions.iter().any(|p| p.leader != Some(READER)),
+        "node {READER} leads every partition: no follower reads to test"
+    );
+    let reads_before = metric(cluster, READER, "logdex_follower_linearizable_reads_total").await?;
+    let fetches_before = metric(cluster, READER, "logdex_read_index_requests_total").await?;
+    for round in 0..MANY_ROUNDS {
+        let mut offsets = Vec::with_capacity(MANY_KEYS);
+        for k in 0..MANY_KEYS {
+            let put = api.put(&reader, MANY, format!("key-{k}").as_bytes(), format!("{round}-{k}").as_bytes()).await?;
+            put.expect_status(200)?;
+            offsets.push(put.header_u64("x-kv-offset")?);
+        }
+        let mut reads = tokio::task::JoinSet::new();
+        for k in 0..MANY_KEYS {
+            let (api, reader) = (api.clone(), reader.clone());
+            let mode = if k % 2 == 0 { ReadMode::Linearizable } else { ReadMode::Strict };
+            reads.spawn(async move {
+                let read = api.get(&reader, MANY, format!("key-{k}").as_bytes(), &Read::mode(mode)).await;
+                (k, mode, read)
+            });
+        }
+        while let Some(joined) = reads.join_next().await {
+            let (k, mode, read) = joined.map_err(|e| logdex_cluster_tests::Error::Check(e.to_string()))?;
+            let read = read?;
+            read.expect_status(200)?;
+            ensure_eq!(read.text(), format!("{round}-{k}"), "round {round}: key-{k} in {mode:?} mode");
+            ensure!(read.header_u64("x-kv-offset")? >= offsets[k], "round {round}: stale offset for key-{k}");
+        }
+    }
+    let reads = metric(cluster, READER, "logdex_follower_linearizable_reads_total").await? - reads_before;
+    let fetches = metric(cluster, READER, "logdex_read_index_requests_total").await? - fetches_before;
+    ensure!(reads > 0, "node {READER} served no follower reads");
+    ensure!(fetches < reads, "{reads} follower reads needed {fetches} read-index requests: none were shared");
     Ok(())
 }

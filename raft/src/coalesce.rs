@@ -1,11 +1,21 @@
-//! Coalesces concurrent read-index requests of one group into one RPC.
+//! Coalesces concurrent read-index requests into one RPC per leader node.
+//!
+//! A follower's linearizable read needs a read index from its group's leader.
+//! Concurrent reads of the groups that one node leads share one fetch: a
+//! `ReadIndexBatch` call naming each group once.
 //!
 //! To ensure correctness (linearizable reads): a caller is answered only by a
 //! fetch that *started after it arrived*. A caller that finds no round running
-//! runs one itself, inline (no task hand-off on the single-client path).
-//! Callers arriving meanwhile queue; when that round ends, a background task
-//! takes everyone queued so far, performs one fetch, answers them all, and
-//! repeats until nobody waits.
+//! leads one itself, inline (no task hand-off on the single-client path): it
+//! first yields to the tasks that are ready to run, while that brings more
+//! callers (at most [`GATHER_YIELDS_MAX`] times), then fetches once for itself
+//! and everyone who queued meanwhile. Callers arriving during the fetch queue;
+//! when the round ends, a background task takes everyone queued so far, performs
+//! one fetch, answers them all, and repeats until nobody waits.
+//!
+//! The yield matters as it does for writes (`batcher.rs`): one poll of the
+//! sockets makes several requests readable, and the first one parsed would
+//! otherwise start its fetch before the others had arrived.
 
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -16,30 +26,52 @@ use tokio::sync::oneshot;
 use crate::error::Error;
 use crate::error::Result;
 
-/// One fetch of a read index.
-pub type Fetch = Arc<dyn Fn() -> BoxFuture<'static, Result<u64>> + Send + Sync>;
+/// One fetch: a read index for each query, in their order.
+pub type Fetch<Q> = Arc<dyn Fn(Vec<Q>) -> BoxFuture<'static, Vec<Result<u64>>> + Send + Sync>;
 
 type Waiter = oneshot::Sender<std::result::Result<u64, String>>;
 
-#[derive(Default)]
-pub struct Coalescer {
-    state: Arc<Mutex<State>>,
+/// Most times a round's leader yields to other ready tasks before its fetch.
+const GATHER_YIELDS_MAX: usize = 4;
+
+pub struct Coalescer<Q> {
+    state: Arc<Mutex<State<Q>>>,
 }
 
-#[derive(Default)]
-struct State {
+impl<Q> Default for Coalescer<Q> {
+    fn default() -> Self {
+        Coalescer { state: Arc::new(Mutex::new(State { running: false, waiting: Vec::new() })) }
+    }
+}
+
+struct State<Q> {
     running: bool,
-    waiting: Vec<Waiter>,
+    waiting: Vec<(Q, Waiter)>,
 }
 
-impl Coalescer {
-    /// A read index obtained by a fetch that started after this call.
-    pub async fn get(&self, fetch: Fetch) -> Result<u64> {
+fn lock<Q>(state: &Mutex<State<Q>>) -> std::sync::MutexGuard<'_, State<Q>> {
+    state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Hands each waiter its result, in order; a fetch that answered fewer is an error.
+fn answer(waiters: impl Iterator<Item = Waiter>, results: &mut impl Iterator<Item = Result<u64>>) {
+    for waiter in waiters {
+        let result = match results.next() {
+            Some(result) => result.map_err(|e| e.to_string()),
+            None => Err("read index fetch answered fewer queries than it was asked".to_string()),
+        };
+        let _ = waiter.send(result);
+    }
+}
+
+impl<Q: Clone + Send + 'static> Coalescer<Q> {
+    /// A read index for `query`, obtained by a fetch that started after this call.
+    pub async fn get(&self, query: Q, fetch: Fetch<Q>) -> Result<u64> {
         let (tx, rx) = oneshot::channel();
         let lead = {
-            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut st = lock(&self.state);
             if st.running {
-                st.waiting.push(tx);
+                st.waiting.push((query.clone(), tx));
                 false
             } else {
                 st.running = true;
@@ -47,11 +79,26 @@ impl Coalescer {
             }
         };
         if lead {
-            // The round is this caller's own: its fetch starts now. The guard hands the
-            // callers that queued meanwhile to a background round, also if this future is
-            // dropped mid-fetch.
-            let _handover = Handover { state: self.state.clone(), fetch: fetch.clone() };
-            return fetch().await;
+            // The round is this caller's own. The guard hands the callers that queued to a
+            // background round when it ends, also if this future is dropped before it
+            // answered them.
+            let mut round = Handover { state: self.state.clone(), fetch: fetch.clone(), joined: Vec::new() };
+            let mut queued = 0;
+            for _ in 0..GATHER_YIELDS_MAX {
+                tokio::task::yield_now().await;
+                let now = lock(&self.state).waiting.len();
+                if now == queued {
+                    break;
+                }
+                queued = now;
+            }
+            // Everyone queued so far arrived before the fetch starts: it answers them too.
+            round.joined = std::mem::take(&mut lock(&self.state).waiting);
+            let queries = std::iter::once(query).chain(round.joined.iter().map(|(q, _)| q.clone())).collect();
+            let mut results = fetch(queries).await.into_iter();
+            let mine = results.next().unwrap_or_else(|| Err(Error::unavailable("read index fetch answered nothing")));
+            answer(round.joined.drain(..).map(|(_, waiter)| waiter), &mut results);
+            return mine;
         }
         match rx.await {
             Ok(Ok(index)) => Ok(index),
@@ -62,15 +109,20 @@ impl Coalescer {
 }
 
 /// Ends an inline round: starts background rounds for the callers that queued
-/// during it, or marks the coalescer idle.
-struct Handover {
-    state: Arc<Mutex<State>>,
-    fetch: Fetch,
+/// during it (and for the ones it took but did not answer, when it was dropped),
+/// or marks the coalescer idle.
+struct Handover<Q: Clone + Send + 'static> {
+    state: Arc<Mutex<State<Q>>>,
+    fetch: Fetch<Q>,
+    joined: Vec<(Q, Waiter)>,
 }
 
-impl Drop for Handover {
+impl<Q: Clone + Send + 'static> Drop for Handover<Q> {
     fn drop(&mut self) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = lock(&self.state);
+        // Callers taken by a round dropped mid-fetch are answered by a later fetch,
+        // which starts after they arrived, as every answer must.
+        st.waiting.append(&mut self.joined);
         if st.waiting.is_empty() {
             st.running = false;
             return;
@@ -87,20 +139,19 @@ impl Drop for Handover {
     }
 }
 
-async fn run_rounds(state: Arc<Mutex<State>>, fetch: Fetch) {
+async fn run_rounds<Q: Clone + Send + 'static>(state: Arc<Mutex<State<Q>>>, fetch: Fetch<Q>) {
     loop {
         let round = {
-            let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut st = lock(&state);
             if st.waiting.is_empty() {
                 st.running = false;
                 return;
             }
             std::mem::take(&mut st.waiting)
         };
-        let result = fetch().await.map_err(|e| e.to_string());
-        for waiter in round {
-            let _ = waiter.send(result.clone());
-        }
+        let (queries, waiters): (Vec<Q>, Vec<Waiter>) = round.into_iter().unzip();
+        let mut results = fetch(queries).await.into_iter();
+        answer(waiters.into_iter(), &mut results);
     }
 }
 
@@ -112,15 +163,15 @@ mod tests {
     use super::*;
 
     /// A fetch that answers how many fetches have started, after `delay_ms`; and that count.
-    fn counting_fetch(delay_ms: u64) -> (Arc<AtomicU64>, Fetch) {
+    fn counting_fetch(delay_ms: u64) -> (Arc<AtomicU64>, Fetch<u64>) {
         let fetches = Arc::new(AtomicU64::new(0));
         let counter = fetches.clone();
-        let fetch: Fetch = Arc::new(move || {
+        let fetch: Fetch<u64> = Arc::new(move |queries: Vec<u64>| {
             let counter = counter.clone();
             Box::pin(async move {
                 let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
                 tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
-                Ok(n)
+                queries.iter().map(|_| Ok(n)).collect()
             })
         });
         (fetches, fetch)
@@ -139,7 +190,7 @@ mod tests {
             let started = fetches.clone();
             tasks.push(tokio::spawn(async move {
                 let before = started.load(Ordering::SeqCst);
-                let got = c.get(f).await?;
+                let got = c.get(0, f).await?;
                 // The answering fetch began after this caller queued.
                 assert!(got > before, "answered by fetch {got}, but {before} had started before the call");
                 Ok::<_, Error>(())
@@ -160,18 +211,92 @@ mod tests {
         let (_, fetch) = counting_fetch(30);
         let coalescer = Arc::new(Coalescer::default());
         let (c, f) = (coalescer.clone(), fetch.clone());
-        let leader = tokio::spawn(async move { c.get(f).await });
+        let leader = tokio::spawn(async move { c.get(0, f).await });
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         let (c, f) = (coalescer.clone(), fetch.clone());
-        let queued = tokio::spawn(async move { c.get(f).await });
+        let queued = tokio::spawn(async move { c.get(0, f).await });
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         leader.abort();
         let bound = std::time::Duration::from_secs(10);
         let got =
             tokio::time::timeout(bound, queued).await.map_err(Error::unavailable)?.map_err(Error::unavailable)??;
         assert_eq!(got, 2, "the queued caller is answered by a fetch that started after the dropped one");
-        let again = tokio::time::timeout(bound, coalescer.get(fetch)).await.map_err(Error::unavailable)??;
+        let again = tokio::time::timeout(bound, coalescer.get(0, fetch)).await.map_err(Error::unavailable)??;
         assert_eq!(again, 3, "a later caller runs its own round");
+        Ok(())
+    }
+
+    /// Callers made ready together (one poll of the sockets) share the first fetch:
+    /// its leader yields until they have queued, then answers them all.
+    #[tokio::test(flavor = "current_thread")]
+    async fn callers_ready_together_share_the_first_fetch() -> Result<()> {
+        let (fetches, fetch) = counting_fetch(1);
+        let coalescer = Arc::new(Coalescer::default());
+        let callers: Vec<_> = (0..8)
+            .map(|_| {
+                let (c, f) = (coalescer.clone(), fetch.clone());
+                tokio::spawn(async move { c.get(0, f).await })
+            })
+            .collect();
+        for caller in callers {
+            assert_eq!(caller.await.map_err(Error::unavailable)??, 1, "answered by the first fetch");
+        }
+        assert_eq!(fetches.load(Ordering::SeqCst), 1, "eight callers ready together needed one fetch");
+        Ok(())
+    }
+
+    /// A round's leader dropped during the fetch that was to answer the callers it
+    /// took hands them to a new round, whose fetch starts after them too.
+    #[tokio::test(flavor = "current_thread")]
+    async fn callers_taken_by_a_dropped_round_are_answered_by_a_new_fetch() -> Result<()> {
+        let (fetches, fetch) = counting_fetch(30);
+        let coalescer = Arc::new(Coalescer::default());
+        let (c, f) = (coalescer.clone(), fetch.clone());
+        let leader = tokio::spawn(async move { c.get(0, f).await });
+        let taken: Vec<_> = (0..3)
+            .map(|_| {
+                let (c, f) = (coalescer.clone(), fetch.clone());
+                tokio::spawn(async move { c.get(0, f).await })
+            })
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        assert_eq!(fetches.load(Ordering::SeqCst), 1, "the leader's fetch is running");
+        leader.abort();
+        let bound = std::time::Duration::from_secs(10);
+        for caller in taken {
+            let got = tokio::time::timeout(bound, caller)
+                .await
+                .map_err(Error::unavailable)?
+                .map_err(Error::unavailable)??;
+            assert_eq!(got, 2, "answered by the fetch after the dropped one");
+        }
+        Ok(())
+    }
+
+    /// Callers of different queries in one round each get the answer to their own
+    /// query, and a fetch that answers too few leaves the rest with an error.
+    #[tokio::test(flavor = "current_thread")]
+    async fn each_caller_gets_the_answer_to_its_own_query() -> Result<()> {
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let seen = asked.clone();
+        // Answers query q with q * 10, and leaves the last query unanswered.
+        let fetch: Fetch<u64> = Arc::new(move |queries: Vec<u64>| {
+            seen.lock().expect("lock").push(queries.clone());
+            Box::pin(async move { queries.iter().take(queries.len() - 1).map(|q| Ok(q * 10)).collect() })
+        });
+        let coalescer = Arc::new(Coalescer::default());
+        let callers: Vec<_> = (1..=4u64)
+            .map(|q| {
+                let (c, f) = (coalescer.clone(), fetch.clone());
+                tokio::spawn(async move { c.get(q, f).await })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for caller in callers {
+            answers.push(caller.await.map_err(Error::unavailable)?.ok());
+        }
+        assert_eq!(*asked.lock().expect("lock"), vec![vec![1, 2, 3, 4]], "one fetch for the four queries");
+        assert_eq!(answers, vec![Some(10), Some(20), Some(30), None]);
         Ok(())
     }
 }

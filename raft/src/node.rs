@@ -143,9 +143,10 @@ pub struct HostedGroup {
     pub partition: Arc<Partition>,
     /// Batches concurrent produces into one entry while this replica leads.
     pub batcher: Batcher,
-    /// Coalesce concurrent read-index requests to the leader (lease, strict).
-    read_index: [crate::coalesce::Coalescer; 2],
 }
+
+/// Read-index rounds to one leader node: each caller names its group.
+type ReadIndexRounds = crate::coalesce::Coalescer<pb::GroupHeader>;
 
 /// The replication layer of one node. Cheap to clone.
 #[derive(Clone)]
@@ -170,6 +171,8 @@ struct NodeInner {
     failed_starts: std::sync::Mutex<std::collections::HashSet<GroupId>>,
     forwarders: crate::batcher::Forwarders,
     read_index_stats: ReadIndexStats,
+    /// Per leader node and `strict`: concurrent follower reads share one read-index call.
+    read_index: std::sync::Mutex<HashMap<(NodeId, bool), Arc<ReadIndexRounds>>>,
     /// Tiered storage's object store, when configured.
     tier_store: Option<TierStore>,
     /// Per group, the trim point whose objects this node last collected.
@@ -236,6 +239,7 @@ impl Node {
                 failed_starts: Default::default(),
                 forwarders: Default::default(),
                 read_index_stats: Default::default(),
+                read_index: Default::default(),
                 tier_store,
                 tier_collected: Default::default(),
                 stop,
@@ -870,7 +874,6 @@ impl Node {
             raft: raft.clone(),
             partition,
             batcher,
-            read_index: Default::default(),
         });
         self.inner.groups.write().unwrap_or_else(|p| p.into_inner()).insert(group, hosted);
         tracing::info!(group, replica, topic, partition = record.partition, "partition replica started");
@@ -1028,15 +1031,28 @@ impl Node {
         let read_index = if hosted.raft.is_leader() {
             leader_read_index(&hosted.raft, strict).await?
         } else {
-            // Concurrent follower reads of this group share one read-index RPC.
+            // Concurrent follower reads of the groups one node leads share one call.
             self.inner.read_index_stats.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let leader = self.leader_node(hosted).ok_or_else(|| Error::unavailable("no leader known"))?;
+            let leader_replica = {
+                use crate::types::WatchReceiver;
+                hosted.raft.metrics().borrow_watched().current_leader.unwrap_or(0)
+            };
+            let coalescer = self
+                .inner
+                .read_index
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry((leader, strict))
+                .or_default()
+                .clone();
             let node = self.clone();
-            let group = hosted.group_id;
-            let fetch: crate::coalesce::Fetch = Arc::new(move || {
+            let fetch: crate::coalesce::Fetch<pb::GroupHeader> = Arc::new(move |headers| {
                 let node = node.clone();
-                Box::pin(async move { node.remote_read_index(group, strict).await })
+                Box::pin(async move { node.remote_read_indexes(leader, strict, headers).await })
             });
-            hosted.read_index[usize::from(strict)].get(fetch).await?
+            let header = pb::GroupHeader { group_id: hosted.group_id, target_replica: leader_replica };
+            coalescer.get(header, fetch).await?
         };
         if applied_index(&hosted.raft) >= read_index {
             return Ok(());
@@ -1044,31 +1060,81 @@ impl Node {
         self.wait_applied(hosted, read_index, OPERATION_TIMEOUT).await
     }
 
-    /// Asks the group's leader for a read index (ReadIndex if `strict`, else a lease read).
-    async fn remote_read_index(&self, group: GroupId, strict: bool) -> Result<u64> {
+    /// Asks node `leader` for the read index of each group in `headers` (ReadIndex if
+    /// `strict`, else a lease read), in one call; answers in the order of `headers`.
+    async fn remote_read_indexes(
+        &self,
+        leader: NodeId,
+        strict: bool,
+        headers: Vec<pb::GroupHeader>,
+    ) -> Vec<Result<u64>> {
         self.inner.read_index_stats.fetches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let hosted = self.group(group).ok_or(Error::NotHosted { group })?;
-        let leader = self.leader_node(&hosted).ok_or_else(|| Error::unavailable("no leader known"))?;
-        let addr = self
-            .cluster()
-            .nodes
-            .get(&leader)
-            .map(|n| n.rpc_addr.clone())
-            .ok_or_else(|| Error::unavailable(format!("leader node {leader} has no known address")))?;
-        let leader_replica = {
-            use crate::types::WatchReceiver;
-            hosted.raft.metrics().borrow_watched().current_leader.unwrap_or(0)
+        let Some(addr) = self.cluster().nodes.get(&leader).map(|n| n.rpc_addr.clone()) else {
+            let message = format!("leader node {leader} has no known address");
+            return headers.iter().map(|_| Err(Error::unavailable(message.clone()))).collect();
         };
-        let request = pb::ReadIndexRequest {
-            header: Some(pb::GroupHeader { group_id: hosted.group_id, target_replica: leader_replica }),
-            strict,
+        // Each group once, however many reads of it wait.
+        let mut unique: Vec<pb::GroupHeader> = Vec::new();
+        let positions: Vec<usize> = headers
+            .iter()
+            .map(|h| match unique.iter().position(|u| u == h) {
+                Some(i) => i,
+                None => {
+                    unique.push(*h);
+                    unique.len() - 1
+                }
+            })
+            .collect();
+        let answers = if let [header] = unique[..] {
+            vec![self.remote_read_index(&addr, header, strict).await]
+        } else {
+            self.remote_read_index_batch(&addr, &unique, strict).await
         };
+        positions
+            .into_iter()
+            .map(|i| match answers.get(i) {
+                Some(Ok(index)) => Ok(*index),
+                Some(Err(e)) => Err(Error::unavailable(e.to_string())),
+                None => Err(Error::unavailable("read-index batch answered fewer groups than it was asked")),
+            })
+            .collect()
+    }
+
+    /// One `ReadIndexBatch` call; a peer that does not know it gets one call per group.
+    async fn remote_read_index_batch(&self, addr: &str, headers: &[pb::GroupHeader], strict: bool) -> Vec<Result<u64>> {
         use pb::call_response::Result as Answer;
-        let answer = match self.inner.calls.call(&addr, pb::call_request::Call::ReadIndex(request), RPC_TIMEOUT).await {
+        use pb::read_index_outcome::Result as Outcome;
+        let request = pb::ReadIndexBatchRequest { headers: headers.to_vec(), strict };
+        match self.inner.calls.call(addr, pb::call_request::Call::ReadIndexBatch(request), RPC_TIMEOUT).await {
+            Ok(Answer::ReadIndexBatch(answer)) => answer
+                .outcomes
+                .into_iter()
+                .map(|outcome| match outcome.result {
+                    Some(Outcome::ReadIndex(r)) => Ok(r.read_log_id.map_or(0, |l| l.index)),
+                    Some(Outcome::Error(e)) => Err(Error::Unavailable(e.message)),
+                    None => Err(Error::unavailable("empty read-index outcome")),
+                })
+                .collect(),
+            Ok(_) => headers
+                .iter()
+                .map(|_| Err(Error::unavailable("read-index batch answered with another call's result")))
+                .collect(),
+            Err(e) if e.unsupported() => {
+                futures::future::join_all(headers.iter().map(|h| self.remote_read_index(addr, *h, strict))).await
+            }
+            Err(e) => headers.iter().map(|_| Err(Error::unavailable(e.status().message()))).collect(),
+        }
+    }
+
+    /// Asks the node at `addr` for one group's read index.
+    async fn remote_read_index(&self, addr: &str, header: pb::GroupHeader, strict: bool) -> Result<u64> {
+        let request = pb::ReadIndexRequest { header: Some(header), strict };
+        use pb::call_response::Result as Answer;
+        let answer = match self.inner.calls.call(addr, pb::call_request::Call::ReadIndex(request), RPC_TIMEOUT).await {
             Ok(Answer::ReadIndex(answer)) => answer,
             Ok(_) => return Err(Error::unavailable("read-index call answered with another call's result")),
             Err(e) if e.unsupported() => {
-                let mut client = self.inner.pool.client(&addr).map_err(Error::unavailable)?;
+                let mut client = self.inner.pool.client(addr).map_err(Error::unavailable)?;
                 let mut request = tonic::Request::new(request);
                 request.set_timeout(RPC_TIMEOUT);
                 client.read_index(request).await.map_err(Error::unavailable)?.into_inner()
