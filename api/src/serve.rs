@@ -75,10 +75,14 @@ pub struct ServeArgs {
     /// How often compaction (cleanup.policy=compact) and retention (delete) run on each log, in ms.
     #[arg(long, env = "LOGDEX_CLEANER_INTERVAL_MS", default_value_t = 30_000)]
     pub cleaner_interval_ms: u64,
-    /// Object store of tiered storage: a directory (or `file:///dir`) that every node of the
-    /// cluster shares. Topics with `remote.storage.enable=true` copy their sealed segments
-    /// there and keep `local.retention.ms`/`local.retention.bytes` of them on local disk.
-    /// Unset: nothing is copied, and data already copied cannot be read on this node.
+    /// Object store of tiered storage, the same for every node of the cluster: an
+    /// S3-compatible bucket `s3://bucket/prefix` (endpoint, region and credentials from the
+    /// AWS_* environment variables: AWS_ENDPOINT, AWS_REGION, AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY, AWS_ALLOW_HTTP=true for plain HTTP), or a directory (or
+    /// `file:///dir`) that every node shares. Topics with `remote.storage.enable=true` copy
+    /// their sealed segments there and keep `local.retention.ms`/`local.retention.bytes` of
+    /// them on local disk. Unset: nothing is copied, and data already copied cannot be read
+    /// on this node.
     #[arg(long, env = "LOGDEX_TIERED_STORE")]
     pub tiered_store: Option<String>,
     /// Snapshot a group after this many applied entries; its Raft log is purged behind the snapshot.

@@ -82,6 +82,10 @@ pub struct ClusterOptions {
     pub seed: u64,
     /// Every node gets `--tiered-store <cluster dir>/tiered` (one object store for all).
     pub tiered_store: bool,
+    /// Every node gets `--tiered-store <this>` instead (an `s3://` URL, say).
+    pub tiered_store_url: Option<String>,
+    /// Environment variables of every node (an S3 store's endpoint and credentials).
+    pub node_env: Vec<(String, String)>,
     /// `--cleaner-interval-ms` of every node (retention, compaction, tiered storage).
     pub cleaner_interval_ms: Option<u64>,
 }
@@ -623,16 +627,20 @@ impl Cluster {
                 command.args([flag, &value.to_string()]);
             }
         }
-        if options.tiered_store {
+        if let Some(url) = &options.tiered_store_url {
+            command.args(["--tiered-store", url]);
+        } else if options.tiered_store {
             command.arg("--tiered-store").arg(&tiered_dir);
         }
-        // Every flag also reads LOGDEX_<FLAG>: keep ambient settings out, except the log filter.
+        // Every flag also reads LOGDEX_<FLAG>: keep ambient settings out, except the log filter;
+        // and an S3 store reads AWS_*: only the test's own.
         for (name, _) in std::env::vars_os() {
             let name_text = name.to_string_lossy();
-            if name_text.starts_with("LOGDEX_") && name_text != "LOGDEX_LOG" {
+            if (name_text.starts_with("LOGDEX_") && name_text != "LOGDEX_LOG") || name_text.starts_with("AWS_") {
                 command.env_remove(&name);
             }
         }
+        command.envs(options.node_env.iter().map(|(k, v)| (k, v)));
         // Crash points are armed per node and launch (`set_node_env`), never from the ambient environment.
         command.env_remove(FAILPOINTS_ENV);
         if options.fsync_trace {

@@ -13,6 +13,7 @@ pub mod history;
 pub mod murmur2;
 pub mod power;
 pub mod proxy;
+pub mod s3;
 pub mod support;
 
 pub use client::Api;

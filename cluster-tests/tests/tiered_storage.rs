@@ -4,8 +4,10 @@
 //! record (read back from the store), after a kill -9 too; a replica that joins through a
 //! partition move builds its index from the remote segments; retention then trims the
 //! remote segments and their objects, and their keys answer 410; deleting the topic deletes
-//! its objects.
+//! its objects. Once with a directory the nodes share as the store, once with an
+//! S3-compatible server (`moto_server`) reached over the S3 API.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 use std::time::Instant;
@@ -19,6 +21,7 @@ use logdex_cluster_tests::TopicSpec;
 use logdex_cluster_tests::client::Body;
 use logdex_cluster_tests::ensure;
 use logdex_cluster_tests::ensure_eq;
+use logdex_cluster_tests::s3::S3Server;
 use serde_json::Value;
 use serde_json::json;
 
@@ -47,14 +50,24 @@ fn tiered_spec() -> TopicSpec {
 
 /// Files named `*.log` under `dir`, at any depth.
 fn log_files(dir: &Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    log_file_paths(dir).len()
+}
+
+fn log_file_paths(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
     entries
         .flatten()
-        .map(|e| {
+        .flat_map(|e| {
             let path = e.path();
-            if path.is_dir() { log_files(&path) } else { usize::from(path.extension().is_some_and(|x| x == "log")) }
+            if path.is_dir() {
+                log_file_paths(&path)
+            } else if path.extension().is_some_and(|x| x == "log") {
+                vec![path.display().to_string()]
+            } else {
+                Vec::new()
+            }
         })
-        .sum()
+        .collect()
 }
 
 /// Segment files in node `id`'s own logs (its cache of remote segments not counted).
@@ -110,21 +123,53 @@ async fn check_fetch(cluster: &Cluster, id: u64, records: u64) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tiered_segments_serve_every_lookup_and_fetch_after_local_copies_are_gone() -> Result<()> {
-    let options = ClusterOptions {
+/// The nodes' object store, to count its segment objects from outside.
+enum Store {
+    /// `--tiered-store <cluster dir>/tiered`.
+    Directory,
+    /// `--tiered-store s3://<bucket>/<S3_PREFIX>`.
+    S3(S3Server),
+}
+
+const S3_PREFIX: &str = "logdex";
+
+/// Segment copies (`*.log` objects) in the store.
+async fn segment_objects(cluster: &Cluster, store: &Store) -> Result<BTreeSet<String>> {
+    Ok(match store {
+        Store::Directory => log_file_paths(&cluster.tiered_dir()).into_iter().collect(),
+        Store::S3(s3) => s3.keys(cluster.api(), S3_PREFIX, ".log").await?.into_iter().collect(),
+    })
+}
+
+fn options() -> ClusterOptions {
+    ClusterOptions {
         spare_nodes: 1,
         tiered_store: true,
         cleaner_interval_ms: Some(200),
         snapshot_every: Some(40),
         ..ClusterOptions::plain(3)
-    };
-    let mut cluster = Cluster::start_with(options).await?;
-    let outcome = scenario(&mut cluster).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiered_segments_serve_every_lookup_and_fetch_after_local_copies_are_gone() -> Result<()> {
+    let mut cluster = Cluster::start_with(options()).await?;
+    let outcome = scenario(&mut cluster, &Store::Directory).await;
     cluster.finish(outcome)
 }
 
-async fn scenario(cluster: &mut Cluster) -> Result<()> {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiered_segments_in_an_s3_bucket_serve_every_lookup_and_fetch_after_local_copies_are_gone() -> Result<()> {
+    let s3 = S3Server::start(&logdex_cluster_tests::Api::new()?, "logdex-tiered").await?;
+    let options =
+        ClusterOptions { tiered_store_url: Some(s3.store_url(S3_PREFIX)), node_env: s3.node_env(), ..options() };
+    let mut cluster = Cluster::start_with(options).await?;
+    let store = Store::S3(s3);
+    let outcome = scenario(&mut cluster, &store).await;
+    cluster.finish(outcome)
+}
+
+async fn scenario(cluster: &mut Cluster, store: &Store) -> Result<()> {
     let api = cluster.api().clone();
     let mut compacted = tiered_spec();
     compacted.config.insert("cleanup.policy".into(), Value::String("compact".into()));
@@ -146,7 +191,7 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
     // Copied to the store, and deleted locally on every replica.
     wait_until("segments are in the store and gone from every replica's disk", async || {
         let local: Vec<usize> = [1, 2, 3].iter().map(|id| local_segments(cluster, *id)).collect();
-        Ok(log_files(&cluster.tiered_dir()) >= 10 && local.iter().all(|n| *n <= 2))
+        Ok(segment_objects(cluster, store).await?.len() >= 10 && local.iter().all(|n| *n <= 2))
     })
     .await?;
     let d = cluster.describe(TOPIC).await?;
@@ -193,11 +238,11 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
     ensure!(local_segments(cluster, 4) <= 2, "node 4 holds only the newest segments locally");
 
     // Retention trims the remote segments, their objects go, their keys answer 410.
-    let objects = log_files(&cluster.tiered_dir());
+    let objects = segment_objects(cluster, store).await?.len();
     set_retention_ms(cluster, "1").await?;
     wait_until("retention trims the remote segments", async || {
         let d = cluster.describe(TOPIC).await?;
-        Ok(d.partition(0)?.log_start_offset > 0 && log_files(&cluster.tiered_dir()) < objects)
+        Ok(d.partition(0)?.log_start_offset > 0 && segment_objects(cluster, store).await?.len() < objects)
     })
     .await?;
     let old = format!("k-{}", REWRITTEN + 1);
@@ -208,16 +253,21 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
 
     // Deleting the topic deletes its objects.
     set_retention_ms(cluster, "-1").await?;
-    let before = log_files(&cluster.tiered_dir());
+    let before = segment_objects(cluster, store).await?;
     for k in 0..KEYS / 4 {
         api.put(&cluster.url(1), TOPIC, format!("n-{k}").as_bytes(), value(k, 3).as_bytes())
             .await?
             .expect_status(200)?;
     }
-    wait_until("new segments are copied", async || Ok(log_files(&cluster.tiered_dir()) > before)).await?;
+    // (Objects below the trim may still be going meanwhile: look for new ones, not for more.)
+    wait_until("new segments are copied", async || {
+        Ok(segment_objects(cluster, store).await?.iter().any(|o| !before.contains(o)))
+    })
+    .await?;
     api.request(reqwest::Method::DELETE, &format!("{}/topics/{TOPIC}", cluster.url(1)), None)
         .await?
         .expect_status(200)?;
-    wait_until("the deleted topic's objects are gone", async || Ok(log_files(&cluster.tiered_dir()) == 0)).await?;
+    wait_until("the deleted topic's objects are gone", async || Ok(segment_objects(cluster, store).await?.is_empty()))
+        .await?;
     Ok(())
 }

@@ -611,7 +611,8 @@ impl Node {
     /// Copies one sealed segment to the store as a new object, then commits it to the
     /// manifest through Raft. The copy is checked first (opened as a log: every batch's crc,
     /// and it must end where the segment does), so a damaged local file is never copied.
-    /// An upload whose commit fails leaves an object no manifest names (ARCHITECTURE.md).
+    /// An upload whose commit fails leaves an object no manifest names (ARCHITECTURE.md),
+    /// unless the partition was deleted meanwhile: then the object goes.
     async fn tier_upload(&self, g: &HostedGroup, store: &TierStore, segment: &logdex_log::SegmentInfo) -> Result<()> {
         let bytes = tokio::fs::read(&segment.path).await?;
         let remote = crate::tier::blocking(|| {
@@ -620,13 +621,17 @@ impl Node {
         })?;
         store.put(&remote.object, bytes::Bytes::from(bytes)).await?;
         let add = pb::tier_command::Kind::Add(remote.to_pb());
-        if let Err(e) = self.tier_write(g, add).await {
-            // The topic was deleted under the upload: nothing will ever name the object.
-            if !self.partition_exists(g) {
-                store.delete(&remote.object).await?;
-            }
-            return Err(e);
+        let committed = self.tier_write(g, add).await;
+        // The topic was deleted under the upload (whether the add committed or not): nothing
+        // will name the object again. Each node deletes what it lists under the partition's
+        // prefix once it applied the deletion, and this node may have listed before the
+        // object landed; if it had not applied the deletion yet, its listing comes after.
+        if !self.partition_exists(g) {
+            store.delete(&remote.object).await?;
+            tracing::info!(group = g.group_id, object = %remote.object, "deleted the copy of a deleted topic's segment");
+            return committed;
         }
+        committed?;
         tracing::info!(
             group = g.group_id,
             base_offset = remote.base_offset,

@@ -13,6 +13,7 @@
 //!   again when the cached copy is opened (the segment log's own recovery scan).
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::path::Path;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -218,8 +219,9 @@ impl Manifest {
     }
 }
 
-/// The object store of a node: a local directory (`file://` URL or a plain path) through
-/// the `object_store` crate. Writes are fsynced before they are reported done.
+/// The object store of a node, through the `object_store` crate: a local directory
+/// (`file://` URL or a plain path; writes are fsynced before they are reported done) or an
+/// S3-compatible bucket (`s3://bucket/prefix`; a write is done when the store answered it).
 #[derive(Clone)]
 pub struct TierStore {
     store: Arc<dyn ObjectStore>,
@@ -237,14 +239,18 @@ fn store_error(e: object_store::Error) -> Error {
 }
 
 impl TierStore {
-    /// Opens the store at `location`: `file:///absolute/dir` or a directory path (created
-    /// when missing). Other URL schemes are refused with the reason.
+    /// Opens the store at `location`: `s3://bucket/prefix` (endpoint, region and
+    /// credentials from the standard `AWS_*` environment variables), `file:///absolute/dir`
+    /// or a directory path (created when missing). Other URL schemes are refused.
     pub fn open(location: &str) -> Result<TierStore> {
+        if let Some(rest) = location.strip_prefix("s3://") {
+            return Self::open_s3(location, rest);
+        }
         let dir = match location.strip_prefix("file://") {
             Some(path) => path,
             None if location.contains("://") => {
                 return Err(Error::Invalid(format!(
-                    "tiered store {location:?}: this build supports local directories (file:///dir or a path) only"
+                    "tiered store {location:?}: use s3://bucket/prefix, file:///dir or a directory path"
                 )));
             }
             None => location,
@@ -259,6 +265,38 @@ impl TierStore {
         Ok(TierStore { store: Arc::new(store), location: location.to_string() })
     }
 
+    /// An S3-compatible bucket; object keys go under `prefix` when there is one.
+    fn open_s3(location: &str, rest: &str) -> Result<TierStore> {
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(Error::Invalid(format!("tiered store {location:?}: no bucket named")));
+        }
+        // HTTPS through rustls with ring; a second install (another store) is refused and harmless.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        // A store that does not answer fails a request within about a minute (30 s per try,
+        // 3 retries within 60 s), not object_store's default of 3 minutes: a read waiting
+        // for a remote segment is bounded by it.
+        let retry = object_store::RetryConfig {
+            max_retries: S3_RETRIES_MAX,
+            retry_timeout: S3_RETRY_TIMEOUT,
+            ..Default::default()
+        };
+        let s3 = object_store::aws::AmazonS3Builder::from_env()
+            .with_bucket_name(bucket)
+            .with_retry(retry)
+            .build()
+            .map_err(|e| Error::Invalid(format!("tiered store {location:?}: {e}")))?;
+        let prefix = prefix.trim_matches('/');
+        let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
+            Arc::new(s3)
+        } else {
+            let prefix = ObjectPath::parse(prefix)
+                .map_err(|e| Error::Invalid(format!("tiered store {location:?}: prefix: {e}")))?;
+            Arc::new(object_store::prefix::PrefixStore::new(s3, prefix))
+        };
+        Ok(TierStore { store, location: location.to_string() })
+    }
+
     pub fn location(&self) -> &str {
         &self.location
     }
@@ -269,41 +307,56 @@ impl TierStore {
 
     /// Stores `bytes` as `key`, durably, atomically (no reader sees part of it).
     pub async fn put(&self, key: &str, bytes: Bytes) -> Result<()> {
-        self.store.put(&Self::path(key)?, bytes.into()).await.map_err(store_error)?;
-        Ok(())
+        let (store, path) = (self.store.clone(), Self::path(key)?);
+        on_io(async move { store.put(&path, bytes.into()).await.map(|_| ()).map_err(store_error) }).await
     }
 
     /// The object `key`; [`Error::NotFound`] when the store does not hold it.
     pub async fn get(&self, key: &str) -> Result<Bytes> {
-        let got = match self.store.get(&Self::path(key)?).await {
-            Ok(got) => got,
-            Err(object_store::Error::NotFound { .. }) => {
-                return Err(Error::NotFound(format!("object {key} in the tiered store {}", self.location)));
-            }
-            Err(e) => return Err(store_error(e)),
-        };
-        got.bytes().await.map_err(store_error)
+        let (store, path) = (self.store.clone(), Self::path(key)?);
+        let missing = format!("object {key} in the tiered store {}", self.location);
+        on_io(async move {
+            let got = match store.get(&path).await {
+                Ok(got) => got,
+                Err(object_store::Error::NotFound { .. }) => return Err(Error::NotFound(missing)),
+                Err(e) => return Err(store_error(e)),
+            };
+            got.bytes().await.map_err(store_error)
+        })
+        .await
     }
 
     /// Whether the store holds `key`.
     pub async fn exists(&self, key: &str) -> Result<bool> {
-        match self.store.head(&Self::path(key)?).await {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::NotFound { .. }) => Ok(false),
-            Err(e) => Err(store_error(e)),
-        }
+        let (store, path) = (self.store.clone(), Self::path(key)?);
+        on_io(async move {
+            match store.head(&path).await {
+                Ok(_) => Ok(true),
+                Err(object_store::Error::NotFound { .. }) => Ok(false),
+                Err(e) => Err(store_error(e)),
+            }
+        })
+        .await
+    }
+
+    /// The paths of every object under `prefix/`.
+    async fn list_paths(&self, prefix: &str) -> Result<Vec<ObjectPath>> {
+        let (store, prefix) = (self.store.clone(), Self::path(prefix)?);
+        on_io(async move {
+            use futures::StreamExt;
+            let mut listed = store.list(Some(&prefix));
+            let mut paths = Vec::new();
+            while let Some(meta) = listed.next().await {
+                paths.push(meta.map_err(store_error)?.location);
+            }
+            Ok(paths)
+        })
+        .await
     }
 
     /// The keys of every object under `prefix/`.
     pub async fn list(&self, prefix: &str) -> Result<Vec<String>> {
-        use futures::StreamExt;
-        let prefix = Self::path(prefix)?;
-        let mut listed = self.store.list(Some(&prefix));
-        let mut keys = Vec::new();
-        while let Some(meta) = listed.next().await {
-            keys.push(meta.map_err(store_error)?.location.to_string());
-        }
-        Ok(keys)
+        Ok(self.list_paths(prefix).await?.iter().map(ToString::to_string).collect())
     }
 
     /// The partition's trim marker: the largest offset among the objects
@@ -331,30 +384,66 @@ impl TierStore {
     /// Deletes every object under `prefix/` (a deleted partition's `<topic>/<partition>-<group>`).
     /// Returns how many were deleted.
     pub async fn delete_prefix(&self, prefix: &str) -> Result<usize> {
-        use futures::StreamExt;
-        let prefix = Self::path(prefix)?;
-        let mut listed = self.store.list(Some(&prefix));
-        let mut keys = Vec::new();
-        while let Some(meta) = listed.next().await {
-            keys.push(meta.map_err(store_error)?.location);
-        }
-        for key in &keys {
-            match self.store.delete(key).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(store_error(e)),
+        let paths = self.list_paths(prefix).await?;
+        let count = paths.len();
+        let store = self.store.clone();
+        on_io(async move {
+            for path in &paths {
+                match store.delete(path).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(store_error(e)),
+                }
             }
-        }
-        Ok(keys.len())
+            Ok(())
+        })
+        .await?;
+        Ok(count)
     }
 
     /// Deletes `key`; a missing object is not an error.
     pub async fn delete(&self, key: &str) -> Result<()> {
-        match self.store.delete(&Self::path(key)?).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(store_error(e)),
-        }
+        let (store, path) = (self.store.clone(), Self::path(key)?);
+        on_io(async move {
+            match store.delete(&path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(store_error(e)),
+            }
+        })
+        .await
     }
 }
+
+/// The runtime every object store request runs on: one thread of its own, apart from the
+/// node's workers. Code that must wait for a remote segment while it holds a replica's
+/// locks (an index rebuild during a snapshot install) blocks its thread on the request; a
+/// lookup of that replica then blocks a worker on the locks. With the request's connection
+/// driven by the workers (an S3 store's HTTP connection is a task), a node with one worker
+/// stopped for good. Here the request goes on whatever the workers do.
+fn io_runtime() -> Result<&'static tokio::runtime::Runtime> {
+    static IO: std::sync::OnceLock<std::result::Result<tokio::runtime::Runtime, String>> = std::sync::OnceLock::new();
+    IO.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("logdex-object-store")
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())
+    })
+    .as_ref()
+    .map_err(|e| Error::Unavailable(format!("cannot start the object store's runtime: {e}")))
+}
+
+/// Runs `request` on the object store's runtime ([`io_runtime`]) and waits for it.
+async fn on_io<T: Send + 'static>(request: impl Future<Output = Result<T>> + Send + 'static) -> Result<T> {
+    io_runtime()?
+        .spawn(request)
+        .await
+        .map_err(|e| Error::Unavailable(format!("object store request did not finish: {e}")))?
+}
+
+/// Retries of a failed S3 request, and how long after the first try they may start.
+const S3_RETRIES_MAX: usize = 3;
+const S3_RETRY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Name of the trim marker directory in a partition's prefix.
 pub const TRIM_MARKER: &str = "trimmed-to";
@@ -778,8 +867,11 @@ mod tests {
     }
 
     #[test]
-    fn only_local_directories_are_accepted_as_stores() {
-        assert!(matches!(TierStore::open("s3://bucket/prefix"), Err(Error::Invalid(_))));
+    fn stores_are_s3_buckets_or_local_directories() {
+        assert!(TierStore::open("s3://bucket/some/prefix").is_ok(), "an S3 bucket with a prefix");
+        assert!(TierStore::open("s3://bucket").is_ok(), "an S3 bucket");
+        assert!(matches!(TierStore::open("s3:///prefix"), Err(Error::Invalid(_))), "no bucket");
+        assert!(matches!(TierStore::open("gs://bucket/prefix"), Err(Error::Invalid(_))));
         assert!(matches!(TierStore::open(""), Err(Error::Invalid(_))));
     }
 

@@ -188,6 +188,7 @@ impl Scenario {
             seed,
             tiered_store: self.tiered,
             cleaner_interval_ms: self.tiered.then_some(TIERED_CLEANER_INTERVAL_MS),
+            ..ClusterOptions::default()
         }
     }
 }
