@@ -1038,11 +1038,8 @@ impl Node {
         } else {
             // Concurrent follower reads of the groups one node leads share one call.
             self.inner.read_index_stats.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let leader = self.leader_node(hosted).ok_or_else(|| Error::unavailable("no leader known"))?;
-            let leader_replica = {
-                use crate::types::WatchReceiver;
-                hosted.raft.metrics().borrow_watched().current_leader.unwrap_or(0)
-            };
+            let (leader, leader_replica) =
+                leader_of(&hosted.raft).ok_or_else(|| Error::unavailable("no leader known"))?;
             let coalescer = self
                 .inner
                 .read_index
@@ -1294,11 +1291,16 @@ fn applied_index(raft: &Raft) -> u64 {
 }
 
 fn leader_node_of(raft: &Raft) -> Option<NodeId> {
+    leader_of(raft).map(|(node, _)| node)
+}
+
+/// The group's leader as this replica knows it: its node and its replica id (one reading).
+fn leader_of(raft: &Raft) -> Option<(NodeId, ReplicaId)> {
     use crate::types::WatchReceiver;
     let metrics = raft.metrics();
     let m = metrics.borrow_watched();
     let leader = m.current_leader?;
-    m.membership_config.membership().get_node(&leader).map(|n| n.node_id)
+    m.membership_config.membership().get_node(&leader).map(|n| (n.node_id, leader))
 }
 
 /// One cleaning pass of a replica: retention under the `delete` policy, then
