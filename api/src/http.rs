@@ -898,6 +898,11 @@ async fn metrics(State(s): State<AppState>) -> Response {
             "Read-index calls sent to leaders for them (concurrent reads of the groups one node leads share one).",
             &reads.fetches,
         ),
+        (
+            "logdex_damaged_snapshots_refused_total",
+            "Snapshots received from a leader and refused as damaged (that leader then hands off leadership).",
+            s.router.node.damaged_snapshots_refused(),
+        ),
         ("logdex_raft_log_fsyncs_total", "fsyncs of the Raft log (one serves every group).", &sync.fsyncs),
         ("logdex_raft_log_flush_requests_total", "Appends and votes made durable by those fsyncs.", &sync.requests),
         ("logdex_raft_log_fsync_microseconds_total", "Time spent in Raft log fsyncs.", &sync.fsync_micros),

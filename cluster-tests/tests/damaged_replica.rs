@@ -1,11 +1,14 @@
 //! A replica whose copy of a record is damaged does not answer it wrong, and a lookup that
 //! reaches it still gets the right answer: it is forwarded once to a healthy replica. With
 //! `forward=false` (or when it was itself forwarded) the damaged replica answers 500
-//! `corrupt_data`.
+//! `corrupt_data`. A leader whose segment files are damaged does not stop a follower that
+//! needs its snapshot: the follower refuses the snapshot, the leader hands leadership to a
+//! healthy replica, and the follower catches up from that one.
 
 use std::time::Duration;
 
 use logdex_cluster_tests::Cluster;
+use logdex_cluster_tests::ClusterOptions;
 use logdex_cluster_tests::Error;
 use logdex_cluster_tests::Read;
 use logdex_cluster_tests::Result;
@@ -80,5 +83,108 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
     ensure_eq!(reply.text(), value(k), "the damaged key's value, from a healthy replica");
     let answered_by = reply.header_u64("x-kv-node")?;
     ensure!(answered_by != follower, "node {answered_by} answered: not the damaged replica");
+    Ok(())
+}
+
+/// `--snapshot-every` of the snapshot test: small, so the leader purges its Raft log quickly.
+const SNAPSHOT_EVERY: u64 = 20;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_with_a_damaged_segment_hands_off_leadership_and_its_lagging_follower_catches_up() -> Result<()> {
+    let options = ClusterOptions { snapshot_every: Some(SNAPSHOT_EVERY), ..ClusterOptions::plain(3) };
+    let mut cluster = Cluster::start_with(options).await?;
+    let outcome = damaged_leader(&mut cluster).await;
+    cluster.finish(outcome)
+}
+
+/// The `*.log` segment files of node `id`'s only partition replica, oldest first.
+fn segment_files(cluster: &Cluster, id: u64) -> Result<Vec<std::path::PathBuf>> {
+    let log_dir = std::fs::read_dir(cluster.data_dir(id).join("partitions"))
+        .map_err(|e| Error::io("listing partitions", e))?
+        .filter_map(|e| e.ok().map(|e| e.path().join("log")))
+        .next()
+        .ok_or_else(|| Error::Check(format!("node {id} holds no replica")))?;
+    let mut segments: Vec<_> = std::fs::read_dir(&log_dir)
+        .map_err(|e| Error::io("listing segments", e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    segments.sort();
+    Ok(segments)
+}
+
+/// The sum of the samples of metric `name` on `node`.
+async fn metric(cluster: &Cluster, node: u64, name: &str) -> Result<u64> {
+    let text = cluster.api().get_url(&format!("{}/metrics", cluster.url(node))).await?.text();
+    Ok(text
+        .lines()
+        .filter(|l| l.split([' ', '{']).next() == Some(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum())
+}
+
+async fn damaged_leader(cluster: &mut Cluster) -> Result<()> {
+    let api = cluster.api().clone();
+    let mut spec = TopicSpec::compacted(TOPIC, 1, 3);
+    spec.config.insert("cleanup.policy".into(), Value::String("delete".into()));
+    spec.config.insert("segment.bytes".into(), Value::String("1024".into()));
+    api.create_topic(&cluster.url(1), &spec).await?.expect_status(201)?;
+    let d = cluster.wait_for_leaders(TOPIC, Duration::from_secs(20)).await?;
+    let leader = d.partition(0)?.leader.ok_or_else(|| Error::Check("no leader".into()))?;
+    let lagging = [1, 2, 3].into_iter().find(|n| *n != leader).ok_or_else(|| Error::Check("no follower".into()))?;
+    for k in 0..KEYS {
+        api.put(&cluster.url(leader), TOPIC, format!("k-{k}").as_bytes(), value(k).as_bytes())
+            .await?
+            .expect_status(200)?;
+    }
+    // Writes the lagging follower misses, far past what the leader keeps of its Raft log
+    // after a snapshot: it will need the leader's snapshot.
+    cluster.kill(lagging)?;
+    for k in KEYS..3 * KEYS {
+        api.put(&cluster.url(leader), TOPIC, format!("k-{k}").as_bytes(), value(k).as_bytes())
+            .await?
+            .expect_status(200)?;
+    }
+    let final_hw = cluster.describe(TOPIC).await?.partition(0)?.high_watermark;
+
+    // Bit rot in the leader's oldest sealed segment: its snapshots hold that file (hard links).
+    let segments = segment_files(cluster, leader)?;
+    ensure!(segments.len() > 1, "the leader has a sealed segment: {segments:?}");
+    let mut bytes = std::fs::read(&segments[0]).map_err(|e| Error::io("reading the segment", e))?;
+    let batch = damage::batches(&bytes).into_iter().next().ok_or_else(|| Error::Check("no batch".into()))?;
+    bytes[(batch.position + batch.size) as usize - 1] ^= 0x20;
+    std::fs::write(&segments[0], &bytes).map_err(|e| Error::io("writing the segment", e))?;
+
+    cluster.restart(lagging).await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let d = cluster.describe(TOPIC).await?;
+        let now_leader = d.partition(0)?.leader;
+        let caught_up =
+            api.get(&cluster.url(lagging), TOPIC, format!("k-{}", 3 * KEYS - 1).as_bytes(), &Read::follower()).await?;
+        if now_leader.is_some_and(|l| l != leader) && caught_up.status == 200 {
+            ensure_eq!(caught_up.text(), value(3 * KEYS - 1), "the lagging follower's newest key");
+            ensure!(caught_up.header_u64("x-kv-high-watermark")? >= final_hw, "the lagging follower caught up");
+            break;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "within 60 s: leader {now_leader:?} (was {leader}), the lagging node {lagging} answered {}",
+            caught_up.summary()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    ensure!(
+        metric(cluster, lagging, "logdex_damaged_snapshots_refused_total").await? >= 1,
+        "node {lagging} refused the damaged snapshot"
+    );
+    let leader_log = cluster.launch_log(leader)?;
+    ensure!(leader_log.contains("handing leadership to replica"), "node {leader} logged its hand-off");
+    // Every key answers its value on the lagging node, from its own state.
+    for k in 0..3 * KEYS {
+        let read = api.get(&cluster.url(lagging), TOPIC, format!("k-{k}").as_bytes(), &Read::follower()).await?;
+        read.expect_status(200)?;
+        ensure_eq!(read.text(), value(k), "key k-{k} on node {lagging}");
+    }
     Ok(())
 }

@@ -225,15 +225,20 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// Where a group reports that a follower refused its snapshot as damaged (DATA_LOSS): the
+/// node then hands the group's leadership to a healthy replica (`Node::run`).
+pub type DamageReports = tokio::sync::mpsc::UnboundedSender<GroupId>;
+
 /// Creates connections for one group.
 pub struct NetworkFactory {
     group: GroupId,
     pool: Arc<ChannelPool>,
+    damage: DamageReports,
 }
 
 impl NetworkFactory {
-    pub fn new(group: GroupId, pool: Arc<ChannelPool>) -> NetworkFactory {
-        NetworkFactory { group, pool }
+    pub fn new(group: GroupId, pool: Arc<ChannelPool>, damage: DamageReports) -> NetworkFactory {
+        NetworkFactory { group, pool, damage }
     }
 }
 
@@ -245,6 +250,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             header: pb::GroupHeader { group_id: self.group, target_replica: target },
             addr: node.rpc_addr.clone(),
             pool: self.pool.clone(),
+            damage: self.damage.clone(),
         }
     }
 }
@@ -254,6 +260,7 @@ pub struct GroupConnection {
     header: pb::GroupHeader,
     addr: String,
     pool: Arc<ChannelPool>,
+    damage: DamageReports,
 }
 
 fn unreachable(e: impl std::fmt::Display) -> RpcError {
@@ -466,6 +473,17 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
             }
         };
         let sent = producer.await.map_err(|e| net(&e))?;
+        if let Err(status) = &resp
+            && status.code() == tonic::Code::DataLoss
+        {
+            tracing::error!(
+                group = self.header.group_id,
+                follower = self.header.target_replica,
+                reason = status.message(),
+                "a follower refused this replica's snapshot as damaged"
+            );
+            let _ = self.damage.send(self.header.group_id);
+        }
         let resp = resp.map_err(|e| net(&e))?.into_inner();
         sent.map_err(|e| net(&e))?;
         let vote = wire::required(resp.vote, "SnapshotResponse", "vote").map_err(|e| net(&e))?;

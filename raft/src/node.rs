@@ -56,6 +56,9 @@ pub const MOVE_STEP_TIMEOUT: Duration = Duration::from_secs(120);
 pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Tries of a read whose remote segments must be fetched first (tiered storage).
 const TIER_READ_ATTEMPTS: usize = 3;
+/// Least time between two leadership hand-offs of one damaged group (a refused snapshot is
+/// sent again, with backoff, until a healthy replica leads).
+const DAMAGE_HANDOFF_INTERVAL: Duration = Duration::from_secs(5);
 
 /// How often follower reads asked a leader for a read index, and how many requests to
 /// leaders that took (concurrent reads of a group share one).
@@ -173,6 +176,11 @@ struct NodeInner {
     read_index_stats: ReadIndexStats,
     /// Per leader node and `strict`: concurrent follower reads share one read-index call.
     read_index: std::sync::Mutex<HashMap<(NodeId, bool), Arc<ReadIndexRounds>>>,
+    /// Groups whose follower refused this node's snapshot as damaged, for `damage_loop`.
+    damage: crate::network::DamageReports,
+    damage_reports: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<GroupId>>>,
+    /// Snapshots received here and refused as damaged.
+    damaged_snapshots_refused: std::sync::atomic::AtomicU64,
     /// Tiered storage's object store, when configured.
     tier_store: Option<TierStore>,
     /// Per group, the trim point whose objects this node last collected.
@@ -214,10 +222,11 @@ impl Node {
         let pool =
             Arc::new(ChannelPool::new(config.rpc_token.as_deref(), config.rpc_source_ip).map_err(Error::Invalid)?);
         let controller = Controller::open(config.data_dir.join("controller"))?;
+        let (damage, damage_reports) = tokio::sync::mpsc::unbounded_channel();
         let controller_raft = Raft::new(
             config.node_id,
             raft_config.clone(),
-            NetworkFactory::new(CONTROLLER_GROUP, pool.clone()),
+            NetworkFactory::new(CONTROLLER_GROUP, pool.clone(), damage.clone()),
             raft_log.group(config.node_id),
             GroupStateMachine::for_controller(controller.clone())?,
         )
@@ -240,6 +249,9 @@ impl Node {
                 forwarders: Default::default(),
                 read_index_stats: Default::default(),
                 read_index: Default::default(),
+                damage,
+                damage_reports: std::sync::Mutex::new(Some(damage_reports)),
+                damaged_snapshots_refused: Default::default(),
                 tier_store,
                 tier_collected: Default::default(),
                 stop,
@@ -284,7 +296,79 @@ impl Node {
         tokio::spawn(async move { node.checkpoint_loop().await });
         let node = self.clone();
         tokio::spawn(async move { node.cleaner_loop().await });
+        if let Some(reports) = self.inner.damage_reports.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let node = self.clone();
+            tokio::spawn(async move { node.damage_loop(reports).await });
+        }
         Ok(())
+    }
+
+    /// Hands the leadership of a group off this node when a follower refused its snapshot as
+    /// damaged (its sealed segment files rotted here): the healthy voter furthest along takes
+    /// over and sends its own snapshot. At most once per group every
+    /// [`DAMAGE_HANDOFF_INTERVAL`]; nothing when this replica no longer leads.
+    async fn damage_loop(&self, mut reports: tokio::sync::mpsc::UnboundedReceiver<GroupId>) {
+        let mut stop = self.inner.stop.subscribe();
+        let mut handed_off: HashMap<GroupId, tokio::time::Instant> = HashMap::new();
+        loop {
+            let group = tokio::select! {
+                group = reports.recv() => match group {
+                    Some(group) => group,
+                    None => return,
+                },
+                _ = stop.changed() => return,
+            };
+            if handed_off.get(&group).is_some_and(|at| at.elapsed() < DAMAGE_HANDOFF_INTERVAL) {
+                continue;
+            }
+            let Some(hosted) = self.group(group) else { continue };
+            match self.hand_off_damaged(&hosted).await {
+                Ok(true) => {
+                    handed_off.insert(group, tokio::time::Instant::now());
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(group, error = %e, "cannot hand off the leadership of a damaged replica"),
+            }
+        }
+    }
+
+    /// Transfers `hosted`'s leadership to the other voter with the most matched log, if this
+    /// replica leads; whether a transfer was asked.
+    async fn hand_off_damaged(&self, hosted: &HostedGroup) -> Result<bool> {
+        let metrics = crate::types::metrics_of(&hosted.raft);
+        if metrics.current_leader != Some(hosted.replica_id) {
+            return Ok(false);
+        }
+        let voters: std::collections::BTreeSet<ReplicaId> =
+            metrics.membership_config.membership().voter_ids().collect();
+        let to = metrics
+            .replication
+            .iter()
+            .flatten()
+            .filter(|(replica, _)| **replica != hosted.replica_id && voters.contains(*replica))
+            .max_by_key(|(_, matched)| matched.map(|l| l.index))
+            .map(|(replica, _)| *replica);
+        let Some(to) = to else {
+            tracing::error!(group = hosted.group_id, "this replica's data is damaged and no other voter can lead");
+            return Ok(false);
+        };
+        tracing::error!(
+            group = hosted.group_id,
+            to,
+            "this replica's data is damaged (a follower refused its snapshot): handing leadership to replica {to}"
+        );
+        hosted.raft.trigger().transfer_leader(to).await.map_err(Error::unavailable)?;
+        Ok(true)
+    }
+
+    /// Counts a received snapshot refused as damaged (`/metrics`).
+    pub fn count_damaged_snapshot_refused(&self) {
+        self.inner.damaged_snapshots_refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Snapshots received here and refused as damaged.
+    pub fn damaged_snapshots_refused(&self) -> &std::sync::atomic::AtomicU64 {
+        &self.inner.damaged_snapshots_refused
     }
 
     async fn bootstrap_controller(&self) -> Result<()> {
@@ -853,7 +937,7 @@ impl Node {
         let raft = Raft::new(
             replica,
             self.inner.raft_config.clone(),
-            NetworkFactory::new(group, self.inner.pool.clone()),
+            NetworkFactory::new(group, self.inner.pool.clone(), self.inner.damage.clone()),
             self.inner.raft_log.group(replica),
             sm,
         )

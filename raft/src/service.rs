@@ -20,6 +20,7 @@ use crate::pb::raft_service_server::RaftServiceServer;
 use crate::snapshot::SnapshotFiles;
 use crate::snapshot::SnapshotStore;
 use crate::types::CONTROLLER_GROUP;
+use crate::types::GroupId;
 use crate::types::Raft;
 use crate::types::SnapshotMeta;
 use crate::types::StoredMembership;
@@ -98,6 +99,23 @@ impl Service {
             )));
         }
         Ok(hosted.raft.clone())
+    }
+
+    /// Reads a received partition snapshot whole before openraft is handed it: a damaged one
+    /// (its leader's files rotted) is refused with DATA_LOSS, so the leader learns of it and
+    /// this replica's group goes on. Installing it would fail inside openraft, which stops
+    /// the group until the node restarts.
+    fn check_received_snapshot(&self, group: GroupId, dir: &Path) -> Result<(), Status> {
+        let Some(hosted) = self.node.group(group) else { return Ok(()) };
+        match crate::tier::blocking(|| hosted.partition.verify_snapshot(dir)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_corrupt_data() => {
+                self.node.count_damaged_snapshot_refused();
+                tracing::error!(group, error = %e, "refused a damaged snapshot from the leader");
+                Err(Status::data_loss(format!("damaged snapshot refused: {e}")))
+            }
+            Err(e) => Err(Status::unavailable(format!("cannot check the received snapshot: {e}"))),
+        }
     }
 
     async fn read_index_call(&self, req: pb::ReadIndexRequest) -> Result<pb::ReadIndexResponse, Status> {
@@ -441,7 +459,10 @@ impl RaftService for Service {
             .ok_or_else(|| Status::not_found(format!("group {} is not hosted here", group_header.group_id)))?;
         let store = SnapshotStore::open_existing(root);
         let staging = store.incoming(&format!("{}", group_header.target_replica)).map_err(fatal)?;
-        let result = receive_snapshot_files(&staging, &mut stream).await;
+        let mut result = receive_snapshot_files(&staging, &mut stream).await;
+        if result.is_ok() {
+            result = self.check_received_snapshot(group_header.group_id, &staging);
+        }
         let installed = match result {
             Ok(()) => {
                 install_received(
