@@ -98,6 +98,9 @@ pub struct Partition {
     /// While the high watermark is below this, the index may hold entries of
     /// records not yet re-applied to the log: lookups are refused (0: none).
     reapply_until: AtomicU64,
+    /// A snapshot install holds the locks (seconds: it rebuilds the index); see
+    /// [`Partition::unless_installing`].
+    installing: std::sync::atomic::AtomicBool,
     /// Segments copied to the object store (tiered storage) and the cache reads of them use.
     tier: Tier,
     /// Held by a compaction for its whole pass (one at a time per replica), and by a
@@ -261,6 +264,7 @@ impl Partition {
             high_watermark: AtomicU64::new(hw),
             visibility: RwLock::new(()),
             reapply_until: AtomicU64::new(0),
+            installing: Default::default(),
             tier,
             compacting: std::sync::Mutex::new(()),
             checkpointing: std::sync::Mutex::new(()),
@@ -324,6 +328,7 @@ impl Partition {
     /// machine checks it before adopting it, and its files do not change after that), so
     /// its files are not read a second time.
     pub fn install_verified_snapshot(&self, snapshot_dir: &Path) -> Result<AppliedState> {
+        let _installing = Installing::start(&self.installing);
         let _no_compaction = self.compacting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let _no_checkpoint = self.checkpointing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         write_file_durably(&self.dir, INSTALL_FILE, &serde_json::to_vec(snapshot_dir).unwrap_or_default())?;
@@ -372,10 +377,19 @@ impl Partition {
         self.high_watermark.load(Ordering::Acquire)
     }
 
+    /// Runs `read`, which takes this replica's locks and is called from async code
+    /// (lookups, fetches, describe, metrics): inline, unless a snapshot install holds the
+    /// locks, then on a thread of its own ([`crate::tier::blocking`]). Waiting inline would
+    /// stop the worker thread, and with one worker every group of the node, heartbeats
+    /// included, for as long as the install rebuilds the index.
+    fn unless_installing<T>(&self, read: impl FnOnce() -> T) -> T {
+        if self.installing.load(Ordering::Acquire) { crate::tier::blocking(read) } else { read() }
+    }
+
     /// The first offset still readable: in the object store when tiered storage holds
     /// segments older than the local log's start, else the local log's start.
     pub fn log_start_offset(&self) -> Offset {
-        let local = self.log.read().map(|l| l.start_offset()).unwrap_or(0);
+        let local = self.unless_installing(|| self.log.read().map(|l| l.start_offset()).unwrap_or(0));
         self.logical_start(local)
     }
 
@@ -398,7 +412,7 @@ impl Partition {
     }
 
     pub fn size_bytes(&self) -> u64 {
-        self.log.read().map(|l| l.size_bytes()).unwrap_or(0)
+        self.unless_installing(|| self.log.read().map(|l| l.size_bytes()).unwrap_or(0))
     }
 
     /// Applies committed produce batches (in log order) and records `state` as
@@ -521,6 +535,10 @@ impl Partition {
     /// [`Partition::read_key`], with the high watermark the answer is consistent with: every
     /// write below it is reflected, and an answer's offset is below it.
     pub fn read_key_at(&self, key: &[u8]) -> Result<(KeyRead, Offset)> {
+        self.unless_installing(|| self.read_key_locked(key))
+    }
+
+    fn read_key_locked(&self, key: &[u8]) -> Result<(KeyRead, Offset)> {
         let (lookup, hw) = {
             let _visible = self.visibility.read().map_err(|_| Error::Corrupted("visibility lock poisoned".into()))?;
             let hw = self.high_watermark();
@@ -586,6 +604,15 @@ impl Partition {
     /// Below the local log's start they come from tiered storage ([`Error::TierMiss`] when
     /// the remote segment is not cached yet), one remote segment per answer.
     pub fn read_records(&self, offset: Offset, max_records: usize, max_bytes: usize) -> Result<Vec<(Offset, Record)>> {
+        self.unless_installing(|| self.read_records_locked(offset, max_records, max_bytes))
+    }
+
+    fn read_records_locked(
+        &self,
+        offset: Offset,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(Offset, Record)>> {
         let hw = self.high_watermark();
         let mut offset = offset;
         // Local retention may move the local start while the remote segments are read: then
@@ -687,12 +714,14 @@ impl Partition {
             (manifest.end_offset(), manifest.trimmed_to)
         };
         let hw = self.high_watermark();
-        let Ok(log) = self.log.read() else { return Vec::new() };
-        log.segments()
-            .into_iter()
-            .filter(|s| s.sealed && s.size_bytes > 0 && s.next_offset <= hw)
-            .filter(|s| s.next_offset > trimmed_to && end.is_none_or(|e| s.next_offset > e))
-            .collect()
+        self.unless_installing(|| {
+            let Ok(log) = self.log.read() else { return Vec::new() };
+            log.segments()
+                .into_iter()
+                .filter(|s| s.sealed && s.size_bytes > 0 && s.next_offset <= hw)
+                .filter(|s| s.next_offset > trimmed_to && end.is_none_or(|e| s.next_offset > e))
+                .collect()
+        })
     }
 
     /// Local retention of a tiered topic: deletes local sealed segments, oldest first, that
@@ -800,7 +829,7 @@ impl Partition {
 
     /// Number of segment files.
     pub fn segment_count(&self) -> usize {
-        self.log.read().map(|l| l.segments().len()).unwrap_or(0)
+        self.unless_installing(|| self.log.read().map(|l| l.segments().len()).unwrap_or(0))
     }
 
     /// Approximate number of live keys in this replica's index.
@@ -810,7 +839,9 @@ impl Partition {
 
     /// Sealed segment count and bytes, to decide whether compaction has new work.
     pub fn sealed_bytes(&self) -> u64 {
-        self.log.read().map(|l| l.segments().iter().filter(|s| s.sealed).map(|s| s.size_bytes).sum()).unwrap_or(0)
+        self.unless_installing(|| {
+            self.log.read().map(|l| l.segments().iter().filter(|s| s.sealed).map(|s| s.size_bytes).sum()).unwrap_or(0)
+        })
     }
 
     /// Removes this replica's files and index entries (the replica left this node).
@@ -1044,6 +1075,22 @@ fn remove_file_durably(dir: &Path, name: &str) -> Result<()> {
 }
 
 /// Writes `name` in `dir` so that after a crash it holds either the old or the new bytes.
+/// Marks a snapshot install under way for as long as it lives.
+struct Installing<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl<'a> Installing<'a> {
+    fn start(flag: &'a std::sync::atomic::AtomicBool) -> Installing<'a> {
+        flag.store(true, Ordering::Release);
+        Installing(flag)
+    }
+}
+
+impl Drop for Installing<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 pub fn write_file_durably(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
     let tmp = dir.join(format!("{name}.tmp"));
