@@ -843,7 +843,7 @@ async fn metrics(State(s): State<AppState>) -> Response {
     let node = s.router.node.node_id();
     let groups = s.router.node.groups();
     type Gauge = fn(&logdex_raft::node::HostedGroup) -> u64;
-    let series: [(&str, &str, &str, Gauge); 13] = [
+    let series: [(&str, &str, &str, Gauge); 15] = [
         ("logdex_partition_high_watermark", "gauge", "Offset after the last applied record.", |g| {
             g.partition.high_watermark()
         }),
@@ -876,6 +876,18 @@ async fn metrics(State(s): State<AppState>) -> Response {
         ("logdex_partition_snapshots_installed_total", "counter", "Snapshots installed from a leader.", |g| {
             g.partition.counters.snapshots_installed.load(Relaxed)
         }),
+        (
+            "logdex_partition_scrubbed_bytes_total",
+            "counter",
+            "Sealed segment bytes the scrub read and found whole.",
+            |g| g.partition.counters.bytes_scrubbed.load(Relaxed),
+        ),
+        (
+            "logdex_partition_damaged",
+            "gauge",
+            "1 while the scrub finds a damaged sealed segment in this replica.",
+            |g| u64::from(g.partition.is_damaged()),
+        ),
     ];
     for (name, kind, help, value) in series {
         let _ = writeln!(out, "# HELP {name} {help}");

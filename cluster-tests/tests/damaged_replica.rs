@@ -3,7 +3,8 @@
 //! `forward=false` (or when it was itself forwarded) the damaged replica answers 500
 //! `corrupt_data`. A leader whose segment files are damaged does not stop a follower that
 //! needs its snapshot: the follower refuses the snapshot, the leader hands leadership to a
-//! healthy replica, and the follower catches up from that one.
+//! healthy replica, and the follower catches up from that one. The background scrub finds
+//! damage that no read has met yet.
 
 use std::time::Duration;
 
@@ -186,5 +187,55 @@ async fn damaged_leader(cluster: &mut Cluster) -> Result<()> {
         read.expect_status(200)?;
         ensure_eq!(read.text(), value(k), "key k-{k} on node {lagging}");
     }
+    Ok(())
+}
+
+/// Bit rot in a replica's sealed segment that no read touches: the scrub (every cleaner pass)
+/// finds it, logs it and marks the replica (`logdex_partition_damaged`), and the replica does
+/// not lead the partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scrub_finds_damage_no_read_met_and_marks_the_replica() -> Result<()> {
+    let options = ClusterOptions { cleaner_interval_ms: Some(200), ..ClusterOptions::plain(3) };
+    let mut cluster = Cluster::start_with(options).await?;
+    let outcome = scrubbed(&mut cluster).await;
+    cluster.finish(outcome)
+}
+
+async fn scrubbed(cluster: &mut Cluster) -> Result<()> {
+    let api = cluster.api().clone();
+    let mut spec = TopicSpec::compacted(TOPIC, 1, 3);
+    spec.config.insert("cleanup.policy".into(), Value::String("delete".into()));
+    spec.config.insert("segment.bytes".into(), Value::String("1024".into()));
+    api.create_topic(&cluster.url(1), &spec).await?.expect_status(201)?;
+    let d = cluster.wait_for_leaders(TOPIC, Duration::from_secs(20)).await?;
+    let leader = d.partition(0)?.leader.ok_or_else(|| Error::Check("no leader".into()))?;
+    for k in 0..KEYS {
+        api.put(&cluster.url(leader), TOPIC, format!("k-{k}").as_bytes(), value(k).as_bytes())
+            .await?
+            .expect_status(200)?;
+    }
+    let damaged = leader;
+    ensure_eq!(metric(cluster, damaged, "logdex_partition_damaged").await?, 0, "node {damaged} before the damage");
+    cluster.kill(damaged)?;
+    let segments = segment_files(cluster, damaged)?;
+    ensure!(segments.len() > 1, "node {damaged} has a sealed segment: {segments:?}");
+    let mut bytes = std::fs::read(&segments[0]).map_err(|e| Error::io("reading the segment", e))?;
+    let batch = damage::batches(&bytes).into_iter().next().ok_or_else(|| Error::Check("no batch".into()))?;
+    bytes[(batch.position + batch.size) as usize - 1] ^= 0x20;
+    std::fs::write(&segments[0], &bytes).map_err(|e| Error::io("writing the segment", e))?;
+    cluster.restart(damaged).await?;
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let marked = metric(cluster, damaged, "logdex_partition_damaged").await?;
+        let leads = cluster.describe(TOPIC).await?.partition(0)?.leader == Some(damaged);
+        if marked == 1 && !leads {
+            break;
+        }
+        ensure!(std::time::Instant::now() < deadline, "within 30 s: damaged mark {marked}, leads {leads}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let log = cluster.launch_log(damaged)?;
+    ensure!(log.contains("the scrub found damaged data in this replica"), "node {damaged} logged the damage");
     Ok(())
 }

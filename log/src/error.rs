@@ -110,6 +110,11 @@ impl Error {
         matches!(self, Error::Corrupt { .. })
     }
 
+    /// True when a file was not there (deleted under the caller, say).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
+
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Error {
         let path = path.into();
         move |source| Error::Io { op, path, source }

@@ -329,6 +329,16 @@ impl Log {
         snapshot::verify(files_dir)
     }
 
+    /// Reads the sealed segment `info` (from [`Log::segments`]) whole and checks every batch
+    /// as [`Log::verify_files`] does: the scrub of a live log, run without holding it. The
+    /// file is opened anew, so a segment that compaction replaced meanwhile is read as it is
+    /// now, and one that retention deleted is an [`Error::Io`] (not found). Returns the
+    /// segment's end: its last offset + 1.
+    pub fn verify_segment(info: &SegmentInfo) -> Result<Offset> {
+        let dir = info.path.parent().unwrap_or(Path::new("."));
+        Segment::verify_file(dir, info.base_offset)
+    }
+
     /// Every record from `from` (clamped to the start offset) to the end,
     /// in order, reading the segments sequentially in large chunks.
     pub fn scan(&self, from: Offset) -> impl Iterator<Item = Result<(Offset, Record)>> + '_ {

@@ -56,6 +56,9 @@ pub const MOVE_STEP_TIMEOUT: Duration = Duration::from_secs(120);
 pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Tries of a read whose remote segments must be fetched first (tiered storage).
 const TIER_READ_ATTEMPTS: usize = 3;
+/// Bytes of sealed segments one replica's scrub reads per cleaner pass (`--cleaner-interval-ms`,
+/// 30 s by default: about 8 MiB/s per replica at most, and nothing once all are checked).
+const SCRUB_BYTES_PER_PASS: u64 = 256 << 20;
 /// Least time between two leadership hand-offs of one damaged group (a refused snapshot is
 /// sent again, with backoff, until a healthy replica leads).
 const DAMAGE_HANDOFF_INTERVAL: Duration = Duration::from_secs(5);
@@ -304,7 +307,8 @@ impl Node {
     }
 
     /// Hands the leadership of a group off this node when a follower refused its snapshot as
-    /// damaged (its sealed segment files rotted here): the healthy voter furthest along takes
+    /// damaged, or the scrub found damage (its sealed segment files rotted here): the healthy
+    /// voter furthest along takes
     /// over and sends its own snapshot. At most once per group every
     /// [`DAMAGE_HANDOFF_INTERVAL`]; nothing when this replica no longer leads.
     async fn damage_loop(&self, mut reports: tokio::sync::mpsc::UnboundedReceiver<GroupId>) {
@@ -355,7 +359,7 @@ impl Node {
         tracing::error!(
             group = hosted.group_id,
             to,
-            "this replica's data is damaged (a follower refused its snapshot): handing leadership to replica {to}"
+            "this replica's data is damaged (a follower refused its snapshot, or the scrub found it): handing leadership to replica {to}"
         );
         hosted.raft.trigger().transfer_leader(to).await.map_err(Error::unavailable)?;
         Ok(true)
@@ -628,7 +632,26 @@ impl Node {
                     Ok(Err(e)) => tracing::warn!(group = g.group_id, error = %e, "log cleaning failed"),
                     Err(e) => tracing::warn!(group = g.group_id, error = %e, "log cleaning task failed"),
                 }
+                self.scrub(&g).await;
             }
+        }
+    }
+
+    /// One scrub step of a replica ([`Partition::scrub`], [`SCRUB_BYTES_PER_PASS`] at most).
+    /// A damaged replica that leads hands its leadership to a healthy one (`damage_loop`),
+    /// every pass while it stays damaged, so also after it wins an election again.
+    async fn scrub(&self, g: &HostedGroup) {
+        let p = g.partition.clone();
+        match tokio::task::spawn_blocking(move || p.scrub(SCRUB_BYTES_PER_PASS)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if e.is_corrupt_data() => {
+                tracing::error!(group = g.group_id, error = %e, "the scrub found damaged data in this replica");
+            }
+            Ok(Err(e)) => tracing::warn!(group = g.group_id, error = %e, "scrub failed"),
+            Err(e) => tracing::warn!(group = g.group_id, error = %e, "scrub task failed"),
+        }
+        if g.partition.is_damaged() {
+            let _ = self.inner.damage.send(g.group_id);
         }
     }
 

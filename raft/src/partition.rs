@@ -101,6 +101,9 @@ pub struct Partition {
     /// A snapshot install holds the locks (seconds: it rebuilds the index); see
     /// [`Partition::unless_installing`].
     installing: std::sync::atomic::AtomicBool,
+    /// Sealed segments the scrub checked and found whole, or damaged: (base offset, size)
+    /// -> damaged. A segment compaction rewrote has another size (or is checked again).
+    scrubbed: std::sync::Mutex<HashMap<(Offset, u64), bool>>,
     /// Segments copied to the object store (tiered storage) and the cache reads of them use.
     tier: Tier,
     /// Held by a compaction for its whole pass (one at a time per replica), and by a
@@ -134,6 +137,10 @@ pub struct Counters {
     pub records_compacted: AtomicU64,
     pub snapshots_built: AtomicU64,
     pub snapshots_installed: AtomicU64,
+    /// Bytes of sealed segments the scrub read and found whole.
+    pub bytes_scrubbed: AtomicU64,
+    /// Sealed segments the scrub found damaged (each counted once).
+    pub damaged_segments: AtomicU64,
 }
 
 /// Applied state recorded with every index write, opaque to the index.
@@ -265,6 +272,7 @@ impl Partition {
             visibility: RwLock::new(()),
             reapply_until: AtomicU64::new(0),
             installing: Default::default(),
+            scrubbed: Default::default(),
             tier,
             compacting: std::sync::Mutex::new(()),
             checkpointing: std::sync::Mutex::new(()),
@@ -827,6 +835,63 @@ impl Partition {
         Ok(start)
     }
 
+    /// Reads sealed segments not checked yet, oldest first, up to about `budget_bytes`, and
+    /// checks every batch (bit rot found before a read or a snapshot meets it). The log is
+    /// not held while reading: sealed files are never modified in place. Returns the bytes
+    /// read; [`Error::CorruptData`] naming file and position when it finds a damaged segment
+    /// (once: later passes skip it, and [`Partition::is_damaged`] stays true).
+    pub fn scrub(&self, budget_bytes: u64) -> Result<u64> {
+        let sealed: Vec<logdex_log::SegmentInfo> = {
+            let log = self.log.read().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
+            log.segments().into_iter().filter(|s| s.sealed && s.size_bytes > 0).collect()
+        };
+        let mut read = 0;
+        for segment in sealed {
+            let key = (segment.base_offset, segment.size_bytes);
+            let known = self.scrubbed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key).copied();
+            if known.is_some() {
+                continue;
+            }
+            if read >= budget_bytes {
+                break;
+            }
+            match Log::verify_segment(&segment) {
+                Ok(_) => {
+                    read += segment.size_bytes;
+                    self.counters.bytes_scrubbed.fetch_add(segment.size_bytes, Ordering::Relaxed);
+                    self.scrubbed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, false);
+                }
+                // Deleted by retention or replaced by compaction since it was listed.
+                Err(e) if e.is_not_found() => {}
+                Err(e) if e.is_corruption() => {
+                    self.counters.damaged_segments.fetch_add(1, Ordering::Relaxed);
+                    self.scrubbed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, true);
+                    return Err(damaged_segment(self.group, &segment, &e.to_string()));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(read)
+    }
+
+    /// Whether the scrub found a damaged sealed segment that the log still holds the same
+    /// (compaction can replace it; retention can delete it).
+    pub fn is_damaged(&self) -> bool {
+        let damaged: Vec<(Offset, u64)> = self
+            .scrubbed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|(_, damaged)| **damaged)
+            .map(|(key, _)| *key)
+            .collect();
+        if damaged.is_empty() {
+            return false;
+        }
+        let Ok(log) = self.log.read() else { return true };
+        log.segments().iter().any(|s| damaged.contains(&(s.base_offset, s.size_bytes)))
+    }
+
     /// Number of segment files.
     pub fn segment_count(&self) -> usize {
         self.unless_installing(|| self.log.read().map(|l| l.segments().len()).unwrap_or(0))
@@ -1075,6 +1140,10 @@ fn remove_file_durably(dir: &Path, name: &str) -> Result<()> {
 }
 
 /// Writes `name` in `dir` so that after a crash it holds either the old or the new bytes.
+fn damaged_segment(group: GroupId, segment: &logdex_log::SegmentInfo, detail: &str) -> Error {
+    Error::CorruptData { group, detail: format!("sealed segment {}: {detail}", segment.path.display()) }
+}
+
 /// Marks a snapshot install under way for as long as it lives.
 struct Installing<'a>(&'a std::sync::atomic::AtomicBool);
 
