@@ -486,6 +486,16 @@ impl Cluster {
     }
 
     /// Describes `topic` through the first running node that answers 200.
+    /// The sum of the samples of metric `name` on node `id` (`GET /metrics`).
+    pub async fn metric(&self, id: u64, name: &str) -> Result<u64> {
+        let text = self.api.get_url(&format!("{}/metrics", self.url(id))).await?.text();
+        Ok(text
+            .lines()
+            .filter(|l| l.split([' ', '{']).next() == Some(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum())
+    }
+
     pub async fn describe(&self, topic: &str) -> Result<TopicDescription> {
         let mut last = String::from("no running node");
         for id in self.running_ids() {

@@ -26,6 +26,30 @@ fn value(k: usize) -> String {
     format!("value-{k}-{}", "y".repeat(40))
 }
 
+/// Creates the 1-partition, replication-factor-3 topic with 1 KiB segments (`delete` policy,
+/// so every record stays); returns the node leading it.
+async fn create_topic(cluster: &Cluster) -> Result<u64> {
+    let mut spec = TopicSpec::compacted(TOPIC, 1, 3);
+    spec.config.insert("cleanup.policy".into(), Value::String("delete".into()));
+    spec.config.insert("segment.bytes".into(), Value::String("1024".into()));
+    cluster.api().create_topic(&cluster.url(1), &spec).await?.expect_status(201)?;
+    let d = cluster.wait_for_leaders(TOPIC, Duration::from_secs(20)).await?;
+    d.partition(0)?.leader.ok_or_else(|| Error::Check("no leader".into()))
+}
+
+/// Flips a bit in the last byte of the first batch of segment file `path` (inside its last
+/// record's value): bit rot that only the batch CRC catches. Returns the batch's first key.
+fn flip_in_first_batch(path: &std::path::Path) -> Result<String> {
+    let mut bytes = std::fs::read(path).map_err(|e| Error::io("reading the segment", e))?;
+    let batch = damage::batches(&bytes).into_iter().next().ok_or_else(|| Error::Check("no batch".into()))?;
+    let (start, end) = (batch.position as usize, (batch.position + batch.size) as usize);
+    let keys = damage::records(&bytes[start..end]);
+    let key = keys.first().and_then(|(k, _)| k.clone()).ok_or_else(|| Error::Check("no keyed record".into()))?;
+    bytes[end - 1] ^= 0x20;
+    std::fs::write(path, &bytes).map_err(|e| Error::io("writing the segment", e))?;
+    Ok(key)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lookup_of_a_damaged_record_is_answered_by_a_healthy_replica() -> Result<()> {
     let mut cluster = Cluster::start(3).await?;
@@ -35,12 +59,7 @@ async fn lookup_of_a_damaged_record_is_answered_by_a_healthy_replica() -> Result
 
 async fn scenario(cluster: &mut Cluster) -> Result<()> {
     let api = cluster.api().clone();
-    let mut spec = TopicSpec::compacted(TOPIC, 1, 3);
-    spec.config.insert("cleanup.policy".into(), Value::String("delete".into()));
-    spec.config.insert("segment.bytes".into(), Value::String("1024".into()));
-    api.create_topic(&cluster.url(1), &spec).await?.expect_status(201)?;
-    let d = cluster.wait_for_leaders(TOPIC, Duration::from_secs(20)).await?;
-    let leader = d.partition(0)?.leader.ok_or_else(|| Error::Check("no leader".into()))?;
+    let leader = create_topic(cluster).await?;
     for k in 0..KEYS {
         api.put(&cluster.url(1), TOPIC, format!("k-{k}").as_bytes(), value(k).as_bytes()).await?.expect_status(200)?;
     }
@@ -53,27 +72,9 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
 
     // Flip a bit inside the first record of the follower's oldest sealed segment.
     cluster.kill(follower)?;
-    let log_dir = std::fs::read_dir(cluster.data_dir(follower).join("partitions"))
-        .map_err(|e| Error::io("listing partitions", e))?
-        .filter_map(|e| e.ok().map(|e| e.path().join("log")))
-        .next()
-        .ok_or_else(|| Error::Check("the follower holds no replica".into()))?;
-    let mut segments: Vec<_> = std::fs::read_dir(&log_dir)
-        .map_err(|e| Error::io("listing segments", e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "log"))
-        .collect();
-    segments.sort();
+    let segments = segment_files(cluster, follower)?;
     ensure!(segments.len() > 1, "the follower has a sealed segment: {segments:?}");
-    let file = &segments[0];
-    let mut bytes = std::fs::read(file).map_err(|e| Error::io("reading the segment", e))?;
-    let batch = damage::batches(&bytes).into_iter().next().ok_or_else(|| Error::Check("no batch".into()))?;
-    let start = batch.position as usize;
-    let keys = damage::records(&bytes[start..start + batch.size as usize]);
-    let key = keys.first().and_then(|(k, _)| k.clone()).ok_or_else(|| Error::Check("no keyed record".into()))?;
-    // The last byte of the batch: inside its last record's value.
-    bytes[start + batch.size as usize - 1] ^= 0x20;
-    std::fs::write(file, &bytes).map_err(|e| Error::io("writing the segment", e))?;
+    let key = flip_in_first_batch(&segments[0])?;
     cluster.restart(follower).await?;
     let k: usize = key.trim_start_matches("k-").parse().map_err(|_| Error::Check(format!("key {key}")))?;
 
@@ -114,24 +115,9 @@ fn segment_files(cluster: &Cluster, id: u64) -> Result<Vec<std::path::PathBuf>> 
     Ok(segments)
 }
 
-/// The sum of the samples of metric `name` on `node`.
-async fn metric(cluster: &Cluster, node: u64, name: &str) -> Result<u64> {
-    let text = cluster.api().get_url(&format!("{}/metrics", cluster.url(node))).await?.text();
-    Ok(text
-        .lines()
-        .filter(|l| l.split([' ', '{']).next() == Some(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum())
-}
-
 async fn damaged_leader(cluster: &mut Cluster) -> Result<()> {
     let api = cluster.api().clone();
-    let mut spec = TopicSpec::compacted(TOPIC, 1, 3);
-    spec.config.insert("cleanup.policy".into(), Value::String("delete".into()));
-    spec.config.insert("segment.bytes".into(), Value::String("1024".into()));
-    api.create_topic(&cluster.url(1), &spec).await?.expect_status(201)?;
-    let d = cluster.wait_for_leaders(TOPIC, Duration::from_secs(20)).await?;
-    let leader = d.partition(0)?.leader.ok_or_else(|| Error::Check("no leader".into()))?;
+    let leader = create_topic(cluster).await?;
     let lagging = [1, 2, 3].into_iter().find(|n| *n != leader).ok_or_else(|| Error::Check("no follower".into()))?;
     for k in 0..KEYS {
         api.put(&cluster.url(leader), TOPIC, format!("k-{k}").as_bytes(), value(k).as_bytes())
@@ -151,10 +137,7 @@ async fn damaged_leader(cluster: &mut Cluster) -> Result<()> {
     // Bit rot in the leader's oldest sealed segment: its snapshots hold that file (hard links).
     let segments = segment_files(cluster, leader)?;
     ensure!(segments.len() > 1, "the leader has a sealed segment: {segments:?}");
-    let mut bytes = std::fs::read(&segments[0]).map_err(|e| Error::io("reading the segment", e))?;
-    let batch = damage::batches(&bytes).into_iter().next().ok_or_else(|| Error::Check("no batch".into()))?;
-    bytes[(batch.position + batch.size) as usize - 1] ^= 0x20;
-    std::fs::write(&segments[0], &bytes).map_err(|e| Error::io("writing the segment", e))?;
+    flip_in_first_batch(&segments[0])?;
 
     cluster.restart(lagging).await?;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -176,7 +159,7 @@ async fn damaged_leader(cluster: &mut Cluster) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     ensure!(
-        metric(cluster, lagging, "logdex_damaged_snapshots_refused_total").await? >= 1,
+        cluster.metric(lagging, "logdex_damaged_snapshots_refused_total").await? >= 1,
         "node {lagging} refused the damaged snapshot"
     );
     let leader_log = cluster.launch_log(leader)?;
@@ -203,31 +186,23 @@ async fn the_scrub_finds_damage_no_read_met_and_marks_the_replica() -> Result<()
 
 async fn scrubbed(cluster: &mut Cluster) -> Result<()> {
     let api = cluster.api().clone();
-    let mut spec = TopicSpec::compacted(TOPIC, 1, 3);
-    spec.config.insert("cleanup.policy".into(), Value::String("delete".into()));
-    spec.config.insert("segment.bytes".into(), Value::String("1024".into()));
-    api.create_topic(&cluster.url(1), &spec).await?.expect_status(201)?;
-    let d = cluster.wait_for_leaders(TOPIC, Duration::from_secs(20)).await?;
-    let leader = d.partition(0)?.leader.ok_or_else(|| Error::Check("no leader".into()))?;
+    let leader = create_topic(cluster).await?;
     for k in 0..KEYS {
         api.put(&cluster.url(leader), TOPIC, format!("k-{k}").as_bytes(), value(k).as_bytes())
             .await?
             .expect_status(200)?;
     }
     let damaged = leader;
-    ensure_eq!(metric(cluster, damaged, "logdex_partition_damaged").await?, 0, "node {damaged} before the damage");
+    ensure_eq!(cluster.metric(damaged, "logdex_partition_damaged").await?, 0, "node {damaged} before the damage");
     cluster.kill(damaged)?;
     let segments = segment_files(cluster, damaged)?;
     ensure!(segments.len() > 1, "node {damaged} has a sealed segment: {segments:?}");
-    let mut bytes = std::fs::read(&segments[0]).map_err(|e| Error::io("reading the segment", e))?;
-    let batch = damage::batches(&bytes).into_iter().next().ok_or_else(|| Error::Check("no batch".into()))?;
-    bytes[(batch.position + batch.size) as usize - 1] ^= 0x20;
-    std::fs::write(&segments[0], &bytes).map_err(|e| Error::io("writing the segment", e))?;
+    flip_in_first_batch(&segments[0])?;
     cluster.restart(damaged).await?;
 
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let marked = metric(cluster, damaged, "logdex_partition_damaged").await?;
+        let marked = cluster.metric(damaged, "logdex_partition_damaged").await?;
         let leads = cluster.describe(TOPIC).await?.partition(0)?.leader == Some(damaged);
         if marked == 1 && !leads {
             break;

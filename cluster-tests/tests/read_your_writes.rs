@@ -154,16 +154,6 @@ async fn nodes_without_read_index_batch_serve_concurrent_follower_reads_one_grou
     cluster.finish(outcome)
 }
 
-/// The sum of the samples of metric `name` on `node`.
-async fn metric(cluster: &Cluster, node: u64, name: &str) -> Result<u64> {
-    let text = cluster.api().get_url(&format!("{}/metrics", cluster.url(node))).await?.text();
-    Ok(text
-        .lines()
-        .filter(|l| l.split([' ', '{']).next() == Some(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum())
-}
-
 async fn concurrent_rounds(cluster: &Cluster) -> Result<()> {
     let api = cluster.api();
     let reader = cluster.url(READER);
@@ -173,8 +163,8 @@ async fn concurrent_rounds(cluster: &Cluster) -> Result<()> {
         described.partitions.iter().any(|p| p.leader != Some(READER)),
         "node {READER} leads every partition: no follower reads to test"
     );
-    let reads_before = metric(cluster, READER, "logdex_follower_linearizable_reads_total").await?;
-    let fetches_before = metric(cluster, READER, "logdex_read_index_requests_total").await?;
+    let reads_before = cluster.metric(READER, "logdex_follower_linearizable_reads_total").await?;
+    let fetches_before = cluster.metric(READER, "logdex_read_index_requests_total").await?;
     for round in 0..MANY_ROUNDS {
         let mut offsets = Vec::with_capacity(MANY_KEYS);
         for k in 0..MANY_KEYS {
@@ -199,8 +189,8 @@ async fn concurrent_rounds(cluster: &Cluster) -> Result<()> {
             ensure!(read.header_u64("x-kv-offset")? >= offsets[k], "round {round}: stale offset for key-{k}");
         }
     }
-    let reads = metric(cluster, READER, "logdex_follower_linearizable_reads_total").await? - reads_before;
-    let fetches = metric(cluster, READER, "logdex_read_index_requests_total").await? - fetches_before;
+    let reads = cluster.metric(READER, "logdex_follower_linearizable_reads_total").await? - reads_before;
+    let fetches = cluster.metric(READER, "logdex_read_index_requests_total").await? - fetches_before;
     ensure!(reads > 0, "node {READER} served no follower reads");
     ensure!(fetches < reads, "{reads} follower reads needed {fetches} read-index requests: none were shared");
     Ok(())
