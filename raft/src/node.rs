@@ -56,8 +56,9 @@ pub const MOVE_STEP_TIMEOUT: Duration = Duration::from_secs(120);
 pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Tries of a read whose remote segments must be fetched first (tiered storage).
 const TIER_READ_ATTEMPTS: usize = 3;
-/// Bytes of sealed segments one replica's scrub reads per cleaner pass (`--cleaner-interval-ms`,
-/// 30 s by default: about 8 MiB/s per replica at most, and nothing once all are checked).
+/// Bytes of sealed segments the scrub reads per cleaner pass, over all of a node's replicas
+/// (`--cleaner-interval-ms`, 30 s by default: about 8 MiB/s at most, and nothing once every
+/// segment is checked).
 const SCRUB_BYTES_PER_PASS: u64 = 256 << 20;
 /// Least time between two leadership hand-offs of one damaged group (a refused snapshot is
 /// sent again, with backoff, until a healthy replica leads).
@@ -632,26 +633,40 @@ impl Node {
                     Ok(Err(e)) => tracing::warn!(group = g.group_id, error = %e, "log cleaning failed"),
                     Err(e) => tracing::warn!(group = g.group_id, error = %e, "log cleaning task failed"),
                 }
-                self.scrub(&g).await;
             }
+            self.scrub().await;
         }
     }
 
-    /// One scrub step of a replica ([`Partition::scrub`], [`SCRUB_BYTES_PER_PASS`] at most).
-    /// A damaged replica that leads hands its leadership to a healthy one (`damage_loop`),
-    /// every pass while it stays damaged, so also after it wins an election again.
-    async fn scrub(&self, g: &HostedGroup) {
-        let p = g.partition.clone();
-        match tokio::task::spawn_blocking(move || p.scrub(SCRUB_BYTES_PER_PASS)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) if e.is_corrupt_data() => {
-                tracing::error!(group = g.group_id, error = %e, "the scrub found damaged data in this replica");
+    /// One scrub pass over the hosted replicas ([`Partition::scrub_each`],
+    /// [`SCRUB_BYTES_PER_PASS`] in all). A damaged replica that leads hands its leadership to
+    /// a healthy one (`damage_loop`), every pass while it stays damaged, so also after it
+    /// wins an election again.
+    async fn scrub(&self) {
+        let mut groups = self.groups();
+        groups.sort_by_key(|g| g.group_id);
+        let replicas: Vec<Arc<Partition>> = groups.iter().map(|g| g.partition.clone()).collect();
+        let outcomes =
+            match tokio::task::spawn_blocking(move || Partition::scrub_each(&replicas, SCRUB_BYTES_PER_PASS)).await {
+                Ok(outcomes) => outcomes,
+                Err(e) => {
+                    tracing::warn!(error = %e, "scrub task failed");
+                    Vec::new()
+                }
+            };
+        for (g, outcome) in groups.iter().zip(outcomes) {
+            match outcome {
+                Ok(_) => {}
+                Err(e) if e.is_corrupt_data() => {
+                    tracing::error!(group = g.group_id, error = %e, "the scrub found damaged data in this replica");
+                }
+                Err(e) => tracing::warn!(group = g.group_id, error = %e, "scrub failed"),
             }
-            Ok(Err(e)) => tracing::warn!(group = g.group_id, error = %e, "scrub failed"),
-            Err(e) => tracing::warn!(group = g.group_id, error = %e, "scrub task failed"),
         }
-        if g.partition.is_damaged() {
-            let _ = self.inner.damage.send(g.group_id);
+        for g in &groups {
+            if g.partition.is_damaged() {
+                let _ = self.inner.damage.send(g.group_id);
+            }
         }
     }
 

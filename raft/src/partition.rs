@@ -892,6 +892,28 @@ impl Partition {
         log.segments().iter().any(|s| damaged.contains(&(s.base_offset, s.size_bytes)))
     }
 
+    /// One scrub pass over a node's replicas that share `budget_bytes`: each in turn reads
+    /// what it has not checked yet, until the budget is spent. The next pass goes on where
+    /// this one stopped (checked segments are remembered), so a node hosting many replicas
+    /// reads at most about the budget per pass, not the budget per replica. One outcome per
+    /// replica, in order; a replica past the spent budget answers `Ok(0)` unread.
+    pub fn scrub_each(replicas: &[Arc<Partition>], budget_bytes: u64) -> Vec<Result<u64>> {
+        let mut left = budget_bytes;
+        replicas
+            .iter()
+            .map(|p| {
+                if left == 0 {
+                    return Ok(0);
+                }
+                let outcome = p.scrub(left);
+                if let Ok(read) = &outcome {
+                    left = left.saturating_sub(*read);
+                }
+                outcome
+            })
+            .collect()
+    }
+
     /// Number of segment files.
     pub fn segment_count(&self) -> usize {
         self.unless_installing(|| self.log.read().map(|l| l.segments().len()).unwrap_or(0))

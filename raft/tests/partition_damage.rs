@@ -374,3 +374,32 @@ fn the_scrub_reads_sealed_segments_once_and_marks_a_damaged_replica() -> TestRes
     assert!(first > 0 && first < fresh.sealed_bytes(), "one segment per pass at budget 1: {first}");
     Ok(())
 }
+
+/// Replicas of one node share a pass's budget: a small one is spent on the first replica's
+/// first segment and the others read nothing; passes with a large budget then read every
+/// sealed byte of every replica exactly once.
+#[test]
+fn a_scrub_pass_shares_one_budget_over_the_replicas() -> TestResult {
+    let dirs = [Replica::new(1024)?, Replica::new(1024)?, Replica::new(1024)?];
+    let mut replicas = Vec::new();
+    for dir in &dirs {
+        let (p, _) = dir.open()?;
+        apply(&p, 0, 40)?;
+        replicas.push(std::sync::Arc::new(p));
+    }
+    let sealed: u64 = replicas.iter().map(|p| p.sealed_bytes()).sum();
+
+    let first: Vec<u64> = Partition::scrub_each(&replicas, 1).into_iter().collect::<Result<_, _>>()?;
+    assert!(first[0] > 0 && first[0] < replicas[0].sealed_bytes(), "one segment of the first replica: {first:?}");
+    assert_eq!(&first[1..], &[0, 0], "the budget is spent: the others wait for the next pass");
+
+    let budget = replicas[0].sealed_bytes();
+    let mut read = first.iter().sum::<u64>();
+    for _ in 0..10 {
+        let pass: Vec<u64> = Partition::scrub_each(&replicas, budget).into_iter().collect::<Result<_, _>>()?;
+        assert!(pass.iter().sum::<u64>() <= 2 * budget, "a pass stays near its budget: {pass:?}");
+        read += pass.iter().sum::<u64>();
+    }
+    assert_eq!(read, sealed, "every sealed byte of every replica read once");
+    Ok(())
+}
