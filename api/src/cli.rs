@@ -136,6 +136,10 @@ pub struct Target {
     /// Bearer token for a node started with --auth-token-file.
     #[arg(long, env = "LOGDEX_TOKEN", global = true, hide_env_values = true)]
     pub token: Option<String>,
+    /// PEM certificates of the CA of a cluster started with --tls-cert-file: the only roots
+    /// trusted for an https:// --url.
+    #[arg(long, env = "LOGDEX_CA_FILE", global = true)]
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -235,6 +239,17 @@ mod tests {
         assert!(!serve.forward);
         assert_eq!(serve.http_addr.to_string(), "127.0.0.1:2");
         Ok(())
+    }
+
+    /// TLS needs its certificate, key and CA together: any one alone is refused at parse.
+    #[test]
+    fn tls_flags_go_together() {
+        let parse = |flags: &[&str]| Cli::try_parse_from([&["logdex", "serve"], flags].concat()).map(|_| ());
+        assert!(parse(&["--tls-cert-file", "c.pem"]).is_err());
+        assert!(parse(&["--tls-cert-file", "c.pem", "--tls-key-file", "k.pem"]).is_err());
+        assert!(parse(&["--tls-key-file", "k.pem", "--tls-ca-file", "ca.pem"]).is_err());
+        assert!(parse(&["--tls-ca-file", "ca.pem"]).is_err());
+        assert!(parse(&["--tls-cert-file", "c.pem", "--tls-key-file", "k.pem", "--tls-ca-file", "ca.pem"]).is_ok());
     }
 
     #[test]

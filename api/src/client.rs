@@ -52,7 +52,14 @@ impl Answer {
 
 impl Client {
     fn new(target: &Target) -> Result<Client, String> {
-        let http = reqwest::Client::builder().timeout(REQUEST_TIMEOUT).build().map_err(|e| e.to_string())?;
+        let mut http = reqwest::Client::builder().timeout(REQUEST_TIMEOUT);
+        if let Some(path) = &target.ca_file {
+            http = http.tls_built_in_root_certs(false);
+            for root in crate::tls::client_roots(path).map_err(|e| e.to_string())? {
+                http = http.add_root_certificate(root);
+            }
+        }
+        let http = http.build().map_err(|e| e.to_string())?;
         Ok(Client { http, base: target.url.trim_end_matches('/').to_string(), token: target.token.clone() })
     }
 

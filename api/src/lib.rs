@@ -18,3 +18,4 @@ pub mod middleware;
 pub mod murmur2;
 pub mod routing;
 pub mod serve;
+pub mod tls;

@@ -82,7 +82,7 @@ fn admit(g: &Guard, request: &Request, route: &str) -> Result<(), ApiError> {
     if let Some(limiter) = &g.lookup_rate {
         let forwarded = request.headers().contains_key(crate::routing::FORWARDED_HEADER);
         if route == "/kv/{topic}/{*key}" && request.method() == axum::http::Method::GET && !forwarded {
-            let ip = request.extensions().get::<ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip());
+            let ip = request.extensions().get::<ConnectInfo<crate::tls::ClientAddr>>().map(|c| c.0.0.ip());
             if let Some(ip) = ip {
                 limiter.check(ip)?;
             }

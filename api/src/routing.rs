@@ -19,6 +19,8 @@ use logdex_raft::types::GroupId;
 use logdex_raft::types::NodeId;
 
 use crate::error::ApiError;
+use crate::tls::NodeTls;
+use crate::tls::TlsError;
 
 /// Header marking a request another node forwarded: it is never forwarded again.
 pub const FORWARDED_HEADER: &str = "x-kv-forwarded";
@@ -31,6 +33,9 @@ pub const LEADER_WAIT: Duration = Duration::from_secs(8);
 pub struct Router {
     pub node: Node,
     http: reqwest::Client,
+    /// `https` when the cluster runs TLS, else `http`: of forwarded requests and of the
+    /// `X-Kv-Redirect` URLs.
+    scheme: &'static str,
     leaders: Arc<Mutex<HashMap<GroupId, (NodeId, Instant)>>>,
 }
 
@@ -44,21 +49,28 @@ pub struct Hop {
 }
 
 impl Router {
-    pub fn new(node: Node) -> Router {
-        let http = reqwest::Client::builder()
+    /// Forwarded requests go over HTTPS trusting only the cluster's CA when `tls` is given.
+    pub fn new(node: Node, tls: Option<&NodeTls>) -> Result<Router, TlsError> {
+        let mut http = reqwest::Client::builder()
             // Forwarded requests leave from the node's own address, as its RPC does.
             .local_address(node.config().rpc_source_ip)
             .pool_idle_timeout(Duration::from_secs(60))
             .tcp_nodelay(true)
-            .timeout(Duration::from_secs(30))
-            .build()
-            .unwrap_or_default();
-        Router { node, http, leaders: Arc::new(Mutex::new(HashMap::new())) }
+            .timeout(Duration::from_secs(30));
+        if let Some(tls) = tls {
+            http = http.tls_built_in_root_certs(false);
+            for root in tls.http_roots()? {
+                http = http.add_root_certificate(root);
+            }
+        }
+        let http = http.build().map_err(|e| TlsError::Config(format!("cannot build the forwarding client: {e}")))?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        Ok(Router { node, http, scheme, leaders: Arc::new(Mutex::new(HashMap::new())) })
     }
 
     /// The HTTP base URL of a node, from the controller's metadata.
     pub fn node_url(&self, node: NodeId) -> Option<String> {
-        self.node.cluster().nodes.get(&node).map(|n| format!("http://{}", n.http_addr))
+        self.node.cluster().nodes.get(&node).map(|n| format!("{}://{}", self.scheme, n.http_addr))
     }
 
     /// The local replica if this node leads the group.

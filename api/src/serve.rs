@@ -13,6 +13,8 @@ use logdex_raft::node::NodeConfig;
 use crate::http::AppState;
 use crate::http::Limits;
 use crate::routing::Router;
+use crate::tls::ClientAddr;
+use crate::tls::NodeTls;
 
 /// Flags of `logdex serve`; each also reads `LOGDEX_<FLAG>` from the environment.
 #[derive(Args, Debug, Clone)]
@@ -62,6 +64,18 @@ pub struct ServeArgs {
     /// File holding a bearer token for node-to-node RPC: required from peers and sent to them.
     #[arg(long, env = "LOGDEX_RPC_TOKEN_FILE")]
     pub rpc_token_file: Option<PathBuf>,
+    /// PEM certificate chain of this node (its own certificate first). With
+    /// --tls-key-file and --tls-ca-file: the HTTP and RPC listeners serve only TLS, and
+    /// calls to other nodes are HTTPS. Every node of a cluster runs TLS, or none.
+    #[arg(long, env = "LOGDEX_TLS_CERT_FILE", requires_all = ["tls_key_file", "tls_ca_file"])]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of --tls-cert-file (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "LOGDEX_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+    /// PEM certificates of the CA that signed every node's certificate: the only roots
+    /// trusted when this node calls another (the name checked is the host of its address).
+    #[arg(long, env = "LOGDEX_TLS_CA_FILE", requires = "tls_cert_file")]
+    pub tls_ca_file: Option<PathBuf>,
     /// Upper bound on HTTP requests being served at once; more answer 503.
     #[arg(long, env = "LOGDEX_REQUESTS_IN_FLIGHT_MAX", default_value_t = 4096)]
     pub requests_in_flight_max: usize,
@@ -120,7 +134,21 @@ fn parse_peers(spec: &str) -> Result<Vec<(u64, String)>, String> {
 
 impl ServeArgs {
     /// The node configuration, given the addresses the listeners actually bound.
-    fn node_config(&self, http_bound: SocketAddr, rpc_bound: SocketAddr) -> Result<NodeConfig, String> {
+    /// The node's TLS, when --tls-cert-file (and its companions) are given.
+    fn tls(&self) -> Result<Option<NodeTls>, String> {
+        match (&self.tls_cert_file, &self.tls_key_file, &self.tls_ca_file) {
+            (None, None, None) => Ok(None),
+            (Some(cert), Some(key), Some(ca)) => NodeTls::load(cert, key, ca).map(Some).map_err(|e| e.to_string()),
+            _ => Err("--tls-cert-file, --tls-key-file and --tls-ca-file go together".to_string()),
+        }
+    }
+
+    fn node_config(
+        &self,
+        http_bound: SocketAddr,
+        rpc_bound: SocketAddr,
+        tls: Option<&NodeTls>,
+    ) -> Result<NodeConfig, String> {
         let rpc_addr = self.advertise_rpc_addr.clone().unwrap_or_else(|| rpc_bound.to_string());
         let http_addr = self.advertise_http_addr.clone().unwrap_or_else(|| http_bound.to_string());
         let peers = match &self.peers {
@@ -152,6 +180,7 @@ impl ServeArgs {
             // listen on.
             rpc_source_ip: Some(rpc_bound.ip())
                 .filter(|ip| ip.is_loopback() && *ip != std::net::IpAddr::from([127, 0, 0, 1])),
+            rpc_tls_ca_pem: tls.map(|t| t.ca_pem().to_vec()),
             rpc_token: match &self.rpc_token_file {
                 Some(path) => Some(read_token(path)?),
                 None => None,
@@ -207,6 +236,7 @@ impl RunningNode {
 
 /// Binds the listeners, opens the node and starts serving.
 pub async fn start(args: ServeArgs) -> Result<RunningNode, String> {
+    let tls = args.tls()?;
     let rpc_listener = tokio::net::TcpListener::bind(args.rpc_addr)
         .await
         .map_err(|e| format!("cannot listen on rpc address {}: {e}", args.rpc_addr))?;
@@ -215,7 +245,7 @@ pub async fn start(args: ServeArgs) -> Result<RunningNode, String> {
         .map_err(|e| format!("cannot listen on http address {}: {e}", args.http_addr))?;
     let rpc_addr = rpc_listener.local_addr().map_err(|e| e.to_string())?;
     let http_addr = http_listener.local_addr().map_err(|e| e.to_string())?;
-    let config = args.node_config(http_addr, rpc_addr)?;
+    let config = args.node_config(http_addr, rpc_addr, tls.as_ref())?;
     let node = Node::open(config).await.map_err(|e| format!("cannot open node: {e}"))?;
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
 
@@ -224,14 +254,18 @@ pub async fn start(args: ServeArgs) -> Result<RunningNode, String> {
         None => None,
     };
     let guard = crate::middleware::Guard::new(token, args.requests_in_flight_max.max(1), args.lookup_rate_limit);
-    let state = AppState::new(Router::new(node.clone()), args.forward, Limits::default(), guard);
+    let router = Router::new(node.clone(), tls.as_ref()).map_err(|e| e.to_string())?;
+    let state = AppState::new(router, args.forward, Limits::default(), guard);
     let app = crate::http::app(state);
     let rpc = logdex_raft::service::server(node.clone());
     let client_api = crate::grpc::server(app.clone());
     let mut rpc_stop = stop_rx.clone();
+    let mut rpc_server = tonic::transport::Server::builder().tcp_nodelay(true);
+    if let Some(tls) = &tls {
+        rpc_server = rpc_server.tls_config(tls.rpc_server()).map_err(|e| format!("rpc listener's TLS: {e}"))?;
+    }
     let rpc_task = tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .tcp_nodelay(true)
+        rpc_server
             .add_service(rpc)
             .add_service(client_api)
             .serve_with_incoming_shutdown(tokio_stream_incoming(rpc_listener), async move {
@@ -242,15 +276,20 @@ pub async fn start(args: ServeArgs) -> Result<RunningNode, String> {
     node.run().await.map_err(|e| format!("cannot start node: {e}"))?;
 
     let mut http_stop = stop_rx.clone();
-    let http_task = tokio::spawn(async move {
-        axum::serve(http_listener, app.into_make_service_with_connect_info::<SocketAddr>())
-            .with_graceful_shutdown(async move {
-                let _ = http_stop.changed().await;
-            })
-            .await
-    });
+    let stopped = async move {
+        let _ = http_stop.changed().await;
+    };
+    let service = app.into_make_service_with_connect_info::<ClientAddr>();
+    let http_task = match &tls {
+        Some(tls) => {
+            let listener = tls.listener(http_listener);
+            tokio::spawn(async move { axum::serve(listener, service).with_graceful_shutdown(stopped).await })
+        }
+        None => tokio::spawn(async move { axum::serve(http_listener, service).with_graceful_shutdown(stopped).await }),
+    };
     let workers = tokio::runtime::Handle::current().metrics().num_workers();
-    tracing::info!(node_id = args.node_id, http = %http_addr, rpc = %rpc_addr, workers, "logdex node serving");
+    let tls = tls.is_some();
+    tracing::info!(node_id = args.node_id, http = %http_addr, rpc = %rpc_addr, workers, tls, "logdex node serving");
     Ok(RunningNode { node, http_addr, rpc_addr, stop, http_task, rpc_task })
 }
 

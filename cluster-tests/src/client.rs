@@ -309,7 +309,24 @@ impl Api {
 
     /// A client whose every request is bounded by `timeout`.
     pub fn with_timeout(timeout: Duration) -> Result<Api> {
-        let http = reqwest::Client::builder()
+        Api::build(timeout, None)
+    }
+
+    /// A client for `https://` nodes trusting only the CA certificates of `ca_pem`.
+    pub fn with_ca(ca_pem: &str) -> Result<Api> {
+        Api::build(REQUEST_TIMEOUT, Some(ca_pem))
+    }
+
+    fn build(timeout: Duration, ca_pem: Option<&str>) -> Result<Api> {
+        let build_error = |source| Error::Http { method: "BUILD".into(), url: String::new(), source };
+        let mut http = reqwest::Client::builder();
+        if let Some(pem) = ca_pem {
+            http = http.tls_built_in_root_certs(false);
+            for root in reqwest::Certificate::from_pem_bundle(pem.as_bytes()).map_err(build_error)? {
+                http = http.add_root_certificate(root);
+            }
+        }
+        let http = http
             .no_proxy()
             .timeout(timeout)
             .connect_timeout(CONNECT_TIMEOUT)
@@ -317,7 +334,7 @@ impl Api {
             // and a pooled connection to a dead process would turn into a confusing error.
             .pool_max_idle_per_host(0)
             .build()
-            .map_err(|e| Error::Http { method: "BUILD".into(), url: String::new(), source: e })?;
+            .map_err(build_error)?;
         Ok(Api { http })
     }
 

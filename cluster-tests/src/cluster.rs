@@ -40,6 +40,7 @@ use crate::proxy::ProxiedNode;
 use crate::proxy::Proxy;
 use crate::support::Probe;
 use crate::support::poll_until;
+use crate::tls::TestPki;
 
 /// How long a node may take from launch to `/readyz` 200.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -88,6 +89,10 @@ pub struct ClusterOptions {
     pub node_env: Vec<(String, String)>,
     /// `--cleaner-interval-ms` of every node (retention, compaction, tiered storage).
     pub cleaner_interval_ms: Option<u64>,
+    /// Every node serves HTTPS and RPC over TLS with a certificate of a CA made for the
+    /// cluster ([`Cluster::pki`]); [`Cluster::url`] is `https://`, and [`Cluster::api`]
+    /// trusts that CA alone.
+    pub tls: bool,
 }
 
 impl ClusterOptions {
@@ -120,6 +125,7 @@ pub struct Cluster {
     keep_dir: bool,
     options: ClusterOptions,
     proxy: Option<Proxy>,
+    pki: Option<TestPki>,
     _serial: OwnedMutexGuard<()>,
 }
 
@@ -162,8 +168,13 @@ impl Cluster {
         let serial = SERIAL.clone().lock_owned().await;
         let binary = binary_path()?;
         let (dir, nodes, peers, proxy) = layout(&options)?;
+        let pki = if options.tls { Some(TestPki::generate("logdex cluster test CA")?) } else { None };
+        let api = match &pki {
+            Some(pki) => Api::with_ca(&pki.ca_pem)?,
+            None => Api::new()?,
+        };
         let mut cluster =
-            Cluster { binary, dir, peers, nodes, api: Api::new()?, keep_dir: false, options, proxy, _serial: serial };
+            Cluster { binary, dir, peers, nodes, api, keep_dir: false, options, proxy, pki, _serial: serial };
         let started = Instant::now();
         for attempt in 1..=START_ATTEMPTS {
             let initial: Vec<u64> = cluster.nodes.iter().filter(|n| !n.joins).map(|n| n.id).collect();
@@ -410,9 +421,20 @@ impl Cluster {
         self.nodes.iter().filter(|n| n.lock_child().is_some()).map(|n| n.id).collect()
     }
 
-    /// `http://127.0.0.1:PORT` of node `id`.
+    /// `http://127.0.0.1:PORT` of node `id` (`https://` with [`ClusterOptions::tls`]).
     pub fn url(&self, id: u64) -> String {
-        format!("http://{}", self.node(id).http_addr)
+        let scheme = if self.pki.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.node(id).http_addr)
+    }
+
+    /// The address node `id`'s RPC listener is bound to.
+    pub fn rpc_addr(&self, id: u64) -> std::net::SocketAddr {
+        self.node(id).rpc_addr
+    }
+
+    /// The CA and node certificate of a cluster started with [`ClusterOptions::tls`].
+    pub fn pki(&self) -> Option<&TestPki> {
+        self.pki.as_ref()
     }
 
     pub fn api(&self) -> &Api {
@@ -600,6 +622,10 @@ impl Cluster {
         let options = self.options.clone();
         let join = if self.node(id).joins { Some(self.join_target()?) } else { None };
         let tiered_dir = self.tiered_dir();
+        let tls = match &self.pki {
+            Some(pki) => Some(pki.write(&self.dir.path().join("tls"))?),
+            None => None,
+        };
         let node = self.node_mut(id);
         if node.lock_child().is_some() {
             return Err(Error::Check(format!("node {id} is already running")));
@@ -636,6 +662,10 @@ impl Cluster {
             if let Some(value) = value {
                 command.args([flag, &value.to_string()]);
             }
+        }
+        if let Some(tls) = &tls {
+            command.arg("--tls-cert-file").arg(&tls.cert).arg("--tls-key-file").arg(&tls.key);
+            command.arg("--tls-ca-file").arg(&tls.ca);
         }
         if let Some(url) = &options.tiered_store_url {
             command.args(["--tiered-store", url]);

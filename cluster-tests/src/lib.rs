@@ -15,6 +15,7 @@ pub mod power;
 pub mod proxy;
 pub mod s3;
 pub mod support;
+pub mod tls;
 
 pub use client::Api;
 pub use client::Read;

@@ -118,6 +118,8 @@ pub struct ChannelPool {
     /// Source address of outgoing connections (the node's own RPC IP), so a
     /// fault-injecting proxy can tell the links between nodes apart.
     local_ip: Option<std::net::IpAddr>,
+    /// TLS of every connection, trusting only the cluster's CA, when the cluster runs TLS.
+    tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 impl ChannelPool {
@@ -127,7 +129,22 @@ impl ChannelPool {
             Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| "the rpc token is not valid ASCII".to_string())?),
             None => None,
         };
-        Ok(ChannelPool { channels: Mutex::new(HashMap::new()), token: TokenInterceptor { header }, local_ip })
+        Ok(ChannelPool {
+            channels: Mutex::new(HashMap::new()),
+            token: TokenInterceptor { header },
+            local_ip,
+            tls: None,
+        })
+    }
+
+    /// Connections over TLS (`https`), verifying peers against the PEM certificates of
+    /// `ca_pem` alone (the server name checked is the host of the peer's address), when
+    /// given.
+    pub fn with_tls_ca(self, ca_pem: Option<&[u8]>) -> ChannelPool {
+        let tls = ca_pem.map(|pem| {
+            tonic::transport::ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(pem))
+        });
+        ChannelPool { tls, ..self }
     }
 
     /// Drops the pooled connection to `addr`: the next client gets a new one. Calls in flight
@@ -145,7 +162,12 @@ impl ChannelPool {
         if let Some(channel) = channels.get(addr) {
             return Ok(RaftServiceClient::with_interceptor(channel.clone(), self.token.clone()));
         }
-        let channel = Endpoint::from_shared(format!("http://{addr}"))?
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))?;
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint.tls_config(tls.clone())?;
+        }
+        let channel = endpoint
             .connect_timeout(Duration::from_secs(1))
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(5))

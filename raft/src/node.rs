@@ -103,6 +103,9 @@ pub struct NodeConfig {
     pub controller_voters: usize,
     /// Source IP of outgoing node-to-node connections, when set.
     pub rpc_source_ip: Option<std::net::IpAddr>,
+    /// PEM certificates of the CA that signed the other nodes' certificates: set when the
+    /// cluster runs TLS, and then every call to another node is HTTPS trusting only them.
+    pub rpc_tls_ca_pem: Option<Vec<u8>>,
     /// The object store of tiered storage (a directory every node shares, or a `file://`
     /// URL); topics with `remote.storage.enable=true` copy their sealed segments there.
     pub tiered_store: Option<String>,
@@ -223,8 +226,11 @@ impl Node {
         let tier_store = config.tiered_store.as_deref().map(TierStore::open).transpose()?;
         let raft_log = RaftLogDb::open(&config.data_dir.join("raft"))?;
         let index = Index::open(&config.data_dir.join("index"), config.index.clone())?;
-        let pool =
-            Arc::new(ChannelPool::new(config.rpc_token.as_deref(), config.rpc_source_ip).map_err(Error::Invalid)?);
+        let pool = Arc::new(
+            ChannelPool::new(config.rpc_token.as_deref(), config.rpc_source_ip)
+                .map_err(Error::Invalid)?
+                .with_tls_ca(config.rpc_tls_ca_pem.as_deref()),
+        );
         let controller = Controller::open(config.data_dir.join("controller"))?;
         let (damage, damage_reports) = tokio::sync::mpsc::unbounded_channel();
         let controller_raft = Raft::new(

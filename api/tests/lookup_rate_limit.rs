@@ -1,0 +1,55 @@
+//! `--lookup-rate-limit`: lookups beyond the per-client rate answer 429 (`rate_limited`,
+//! `Retry-After`), other requests are not limited, and the client's budget refills.
+
+mod common;
+
+use std::time::Duration;
+
+use common::TestResult;
+use common::start_node;
+
+const RATE: u32 = 5;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookups_beyond_the_per_client_rate_answer_429_and_writes_are_not_limited() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (node, url) = start_node(dir.path(), &["--lookup-rate-limit", &RATE.to_string()]).await?;
+    let http = reqwest::Client::new();
+    let created = http
+        .post(format!("{url}/topics"))
+        .json(&serde_json::json!({"name": "limited", "partitions": 1, "replication_factor": 1}))
+        .send()
+        .await?;
+    assert_eq!(created.status(), 201);
+    // Writes are not lookups: twice the rate of them all succeed.
+    for i in 0..2 * RATE {
+        let put = http.put(format!("{url}/kv/limited/k{i}")).body("v").send().await?;
+        assert_eq!(put.status(), 200, "put {i}");
+    }
+
+    let mut statuses = Vec::new();
+    let mut refused = None;
+    for i in 0..4 * RATE {
+        let got = http.get(format!("{url}/kv/limited/k{}", i % RATE)).send().await?;
+        statuses.push(got.status().as_u16());
+        if got.status() == 429 && refused.is_none() {
+            let retry_after = got.headers().get("retry-after").map(|v| v.to_str().map(str::to_string));
+            let body: serde_json::Value = got.json().await?;
+            refused = Some((retry_after, body));
+        }
+    }
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    assert!(ok >= RATE as usize, "the bucket starts full: {statuses:?}");
+    assert!(ok < statuses.len(), "lookups past the rate are refused: {statuses:?}");
+    assert!(statuses.iter().all(|s| *s == 200 || *s == 429), "{statuses:?}");
+    let (retry_after, body) = refused.ok_or("no 429")?;
+    assert!(retry_after.is_some(), "a 429 carries Retry-After");
+    assert_eq!(body["error"]["code"], "rate_limited", "{body}");
+
+    // A second later the bucket has refilled.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let again = http.get(format!("{url}/kv/limited/k0")).send().await?;
+    assert_eq!(again.status(), 200);
+    node.shutdown().await;
+    Ok(())
+}

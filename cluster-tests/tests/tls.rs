@@ -1,0 +1,152 @@
+//! A cluster started with TLS (`--tls-cert-file`, `--tls-key-file`, `--tls-ca-file`): every
+//! path between client and nodes and between nodes is HTTPS or RPC over TLS, and works.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use logdex_cluster_tests::Api;
+use logdex_cluster_tests::Cluster;
+use logdex_cluster_tests::ClusterOptions;
+use logdex_cluster_tests::Error;
+use logdex_cluster_tests::Read;
+use logdex_cluster_tests::ReadMode;
+use logdex_cluster_tests::Reply;
+use logdex_cluster_tests::Result;
+use logdex_cluster_tests::TopicSpec;
+use logdex_cluster_tests::Written;
+use logdex_cluster_tests::client::HEADER_NODE;
+use logdex_cluster_tests::client::HEADER_REDIRECT;
+use logdex_cluster_tests::client::written;
+use logdex_cluster_tests::ensure;
+use logdex_cluster_tests::ensure_eq;
+use logdex_cluster_tests::support::settled;
+use logdex_cluster_tests::tls::TestPki;
+
+const NODES: usize = 3;
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Over TLS: writes through every node (forwarded to leaders over RPC) land; every node
+/// answers every key in every read mode (a follower's read index comes over RPC); a node
+/// without a replica forwards a lookup over HTTPS, or answers 421 with an `https://`
+/// redirect that works; plain HTTP and a client trusting another CA get no answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_cluster_serves_writes_and_lookups_over_https_between_every_node() -> Result<()> {
+    let cluster =
+        Cluster::start_with(ClusterOptions { nodes: NODES, tls: true, ..ClusterOptions::plain(NODES) }).await?;
+    let outcome = over_tls(&cluster).await;
+    cluster.finish(outcome)
+}
+
+async fn put(cluster: &Cluster, via: u64, topic: &str, key: &[u8], value: &[u8]) -> Result<Written> {
+    let url = cluster.url(via);
+    let reply = settled("a put over TLS", SETTLE_TIMEOUT, || cluster.api().put(&url, topic, key, value)).await?;
+    reply.expect_status(200)?;
+    written(&reply)
+}
+
+async fn get(cluster: &Cluster, via: u64, topic: &str, key: &[u8], read: &Read) -> Result<Reply> {
+    let url = cluster.url(via);
+    settled("a lookup over TLS", SETTLE_TIMEOUT, || cluster.api().get(&url, topic, key, read)).await
+}
+
+fn expect_value(reply: &Reply, value: &[u8]) -> Result<()> {
+    reply.expect_status(200)?;
+    ensure_eq!(reply.text().as_bytes(), value, "value of {}", reply.summary());
+    Ok(())
+}
+
+async fn over_tls(cluster: &Cluster) -> Result<()> {
+    let base = cluster.url(1);
+    ensure!(base.starts_with("https://"), "a TLS cluster's URL is {base}");
+    for (name, replication_factor) in [("secure", 3), ("secure-single", 1)] {
+        let created = cluster.api().create_topic(&base, &TopicSpec::compacted(name, 3, replication_factor)).await?;
+        created.expect_status(201)?;
+        cluster.wait_for_leaders(name, SETTLE_TIMEOUT).await?;
+    }
+
+    // Replicated topic: writes rotate over the nodes; reads from every node in every mode.
+    let ids = cluster.node_ids();
+    let mut keys = Vec::new();
+    for i in 0..24u64 {
+        let (key, value) = (format!("tls-key-{i}").into_bytes(), format!("tls-value-{i}").into_bytes());
+        let via = ids[i as usize % ids.len()];
+        let w = put(cluster, via, "secure", &key, &value).await?;
+        keys.push((key, value, w));
+    }
+    for id in &ids {
+        for (key, value, w) in &keys {
+            for read in [Read::linearizable(), Read::mode(ReadMode::Strict), Read::follower().min_offset(w.offset)] {
+                expect_value(&get(cluster, *id, "secure", key, &read).await?, value)?;
+            }
+        }
+    }
+
+    // Single-replica topic: a node without the partition forwards over HTTPS, or redirects.
+    let description = cluster.api().describe_ok(&base, "secure-single").await?;
+    let mut first_of: BTreeMap<u32, (Vec<u8>, Vec<u8>)> = BTreeMap::new();
+    for i in 0..12 {
+        let (key, value) = (format!("single-{i}").into_bytes(), format!("single-value-{i}").into_bytes());
+        let w = put(cluster, 1, "secure-single", &key, &value).await?;
+        first_of.entry(w.partition).or_insert((key, value));
+    }
+    for (partition, (key, value)) in &first_of {
+        let host = description.partition(*partition)?.replicas[0];
+        let Some(other) = ids.iter().copied().find(|id| *id != host) else {
+            return Err(Error::Check("no node other than the host".into()));
+        };
+        let forwarded = get(cluster, other, "secure-single", key, &Read::linearizable()).await?;
+        expect_value(&forwarded, value)?;
+        ensure_eq!(forwarded.header_u64(HEADER_NODE)?, host, "X-Kv-Node of a forwarded lookup");
+
+        let refused = get(cluster, other, "secure-single", key, &Read::linearizable().forward(false)).await?;
+        refused.expect_status(421)?;
+        let redirect = refused
+            .header(HEADER_REDIRECT)
+            .ok_or_else(|| Error::Check(format!("421 without X-Kv-Redirect: {}", refused.summary())))?;
+        ensure!(redirect.starts_with("https://"), "X-Kv-Redirect of a TLS cluster: {redirect}");
+        expect_value(&cluster.api().get_url(redirect).await?, value)?;
+    }
+
+    // Nothing answers a client that does not speak TLS or does not trust the cluster's CA.
+    let plain_url = base.replacen("https://", "http://", 1);
+    match Api::new()?.healthz(&plain_url).await {
+        Err(e) if e.is_transport() => {}
+        Ok(reply) => return Err(Error::Check(format!("plain HTTP to a TLS node answered {}", reply.summary()))),
+        Err(e) => return Err(e),
+    }
+    let stranger = Api::with_ca(&TestPki::generate("another CA")?.ca_pem)?;
+    match stranger.healthz(&base).await {
+        Err(e) if e.is_transport() => {}
+        Ok(reply) => return Err(Error::Check(format!("a client trusting another CA got {}", reply.summary()))),
+        Err(e) => return Err(e),
+    }
+    cluster.api().healthz(&base).await?.expect_status(200)?;
+
+    // The RPC listener speaks TLS only: a plain HTTP/2 opening gets no SETTINGS frame back,
+    // only a TLS alert record (content type 21) or a closed connection.
+    let first = plain_http2_opening(cluster.rpc_addr(1)).await?;
+    ensure!(
+        first.is_empty() || first[0] == 21,
+        "the RPC listener answered a plain HTTP/2 opening with {first:?} (a SETTINGS frame has type 4 at byte 3)"
+    );
+    Ok(())
+}
+
+/// Sends the HTTP/2 client preface in the clear and returns the first bytes answered (empty
+/// when the peer closes without a word).
+async fn plain_http2_opening(addr: std::net::SocketAddr) -> Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt as _;
+    use tokio::io::AsyncWriteExt as _;
+    let io = |what: &str, e| Error::io(format!("{what} the RPC listener at {addr}"), e);
+    let mut stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| io("connecting to", e))?;
+    stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.map_err(|e| io("writing to", e))?;
+    let mut first = vec![0u8; 16];
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut first)).await;
+    match read {
+        Ok(Ok(n)) => first.truncate(n),
+        // Reset after the alert: nothing readable.
+        Ok(Err(_)) => first.clear(),
+        Err(_) => return Err(Error::Check(format!("the RPC listener at {addr} neither answered nor closed in 5 s"))),
+    }
+    Ok(first)
+}
