@@ -104,3 +104,67 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
     }
     Ok(())
 }
+
+/// A move whose target shares no node with the current replicas (one replica
+/// onto another node, then onto two other nodes) completes: the leaving leader
+/// first makes the target replicas voters beside itself, then hands them
+/// leadership. Every acknowledged key stays readable from every node and
+/// writes go on after each move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn move_onto_replicas_disjoint_from_the_current_ones_completes() -> Result<()> {
+    let mut cluster = Cluster::start_with(ClusterOptions::plain(3)).await?;
+    let outcome = disjoint_moves(&mut cluster).await;
+    cluster.finish(outcome)
+}
+
+async fn disjoint_moves(cluster: &mut Cluster) -> Result<()> {
+    let api = cluster.api().clone();
+    let topic = "disjoint";
+    api.create_topic(&cluster.url(1), &TopicSpec::compacted(topic, 1, 1)).await?.expect_status(201)?;
+    cluster.wait_for_leaders(topic, Duration::from_secs(20)).await?;
+    let d: Value = api.describe(&cluster.url(1), topic).await?.json()?;
+    let first = d["partitions"][0]["replicas"][0]
+        .as_u64()
+        .ok_or_else(|| Error::Check(format!("no replica in {d}")))?;
+    let others: Vec<u64> = [1, 2, 3].into_iter().filter(|n| *n != first).collect();
+    let mut written = 0;
+    for (round, target) in [vec![others[0]], vec![first, others[1]]].into_iter().enumerate() {
+        for k in written..written + 50 {
+            api.put(&cluster.url(1), topic, format!("k-{k}").as_bytes(), format!("v-{k}").as_bytes())
+                .await?
+                .expect_status(200)?;
+        }
+        written += 50;
+        let moved = api
+            .request(
+                reqwest::Method::PUT,
+                &format!("{}/topics/{topic}/partitions/0/replicas", cluster.url(1)),
+                Some(logdex_cluster_tests::client::Body::Json(json!({ "replicas": target }))),
+            )
+            .await?;
+        ensure!(moved.status == 202 || moved.status == 200, "move {round} answered {}", moved.summary());
+        let deadline = Instant::now() + MOVE_DEADLINE;
+        loop {
+            let d: Value = api.describe(&cluster.url(1), topic).await?.json()?;
+            let p = &d["partitions"][0];
+            let replicas: Vec<u64> =
+                p["replicas"].as_array().into_iter().flatten().filter_map(Value::as_u64).collect();
+            if p.get("move").is_none() && replicas == target {
+                break;
+            }
+            ensure!(Instant::now() < deadline, "move {round} to {target:?} not complete: {p}");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        cluster.wait_for_leaders(topic, Duration::from_secs(20)).await?;
+        for node in 1..=3 {
+            for k in 0..written {
+                let key = format!("k-{k}");
+                let reply = api.get(&cluster.url(node), topic, key.as_bytes(), &Read::linearizable()).await?;
+                reply.expect_status(200)?;
+                ensure_eq!(reply.text(), format!("v-{k}"), "move {round}, node {node}, key {key}");
+            }
+        }
+    }
+    api.put(&cluster.url(2), topic, b"after", b"moves").await?.expect_status(200)?;
+    Ok(())
+}

@@ -891,17 +891,35 @@ impl Node {
         }
         let wanted: std::collections::BTreeSet<u64> = target.iter().map(|r| r.replica_id).collect();
         if !wanted.contains(&hosted.replica_id) {
-            // This leader leaves the group: hand leadership to the target's
-            // preferred replica first, which then drives the rest of the move.
-            if let Some(to) = target.first() {
+            // This leader leaves the group. A learner cannot take leadership,
+            // so first make the target replicas voters beside the current
+            // ones, then hand leadership to one of them; the new leader
+            // drives the rest of the move (dropping the old voters).
+            let membership = crate::types::metrics_of(&hosted.raft).membership_config.membership().clone();
+            let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
+            if !wanted.is_subset(&voters) || membership.get_joint_config().len() > 1 {
+                let both: std::collections::BTreeSet<u64> = voters.union(&wanted).copied().collect();
+                tracing::info!(group = hosted.group_id, voters = ?both, "move: promoting the target replicas beside the current voters");
+                tokio::time::timeout(MOVE_STEP_TIMEOUT, hosted.raft.change_membership(both, true))
+                    .await
+                    .map_err(|_| Error::Timeout("promoting the target replicas".into()))?
+                    .map_err(Error::unavailable)?;
+            }
+            // The most caught-up target replica takes over (a down one never
+            // matches, so it is not picked while another is up).
+            let metrics = crate::types::metrics_of(&hosted.raft);
+            let matched = |id: u64| {
+                metrics.replication.as_ref().and_then(|r| r.get(&id).copied().flatten()).map_or(0, |l| l.index)
+            };
+            if let Some(to) = target.iter().rev().max_by_key(|r| matched(r.replica_id)) {
                 tracing::info!(
                     group = hosted.group_id,
                     to = to.replica_id,
                     "move: transferring leadership off a removed leader"
                 );
                 hosted.raft.trigger().transfer_leader(to.replica_id).await.map_err(Error::unavailable)?;
-                return Ok(());
             }
+            return Ok(());
         }
         let membership = crate::types::metrics_of(&hosted.raft).membership_config.membership().clone();
         let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
