@@ -105,6 +105,7 @@ impl From<logdex_raft::Error> for ApiError {
         }
         match e {
             E::Invalid(m) => ApiError::bad("invalid", m),
+            E::TooLarge(m) => ApiError::TooLarge(m),
             E::Timeout(m) => ApiError::Timeout(m),
             E::NotFound(m) => ApiError::NotFound(m),
             E::Conflict(m) => ApiError::Conflict(m),

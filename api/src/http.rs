@@ -99,6 +99,7 @@ pub fn app(state: AppState) -> AxumRouter {
         .route("/topics/{topic}/partitions/{partition}/records", get(fetch_records))
         .route("/topics/{topic}/partitions/{partition}/replicas", axum::routing::put(move_partition))
         .route("/kv/{topic}/{*key}", get(get_key).put(put_key).delete(delete_key))
+        .route("/kv/{topic}/", axum::routing::any(|| async { ApiError::bad("invalid_key", "the key is empty") }))
         .route("/cluster", get(cluster))
         .route("/healthz", get(|| async { "ok" }))
         .route("/bench/noop", get(|| async { NOOP_BODY }))
@@ -289,6 +290,10 @@ async fn alter_topic_config(
     if result.status == "not_found" {
         return Err(ApiError::TopicNotFound(name));
     }
+    if result.status == "invalid" {
+        // The only thing an alter can get wrong is its config.
+        return Err(ApiError::bad("invalid_config", result.message));
+    }
     if let Some(e) = controller_error(&result) {
         return Err(e);
     }
@@ -415,7 +420,7 @@ fn partition_of<'a>(t: &'a TopicRecord, q: &CommonQuery, key: &[u8]) -> Result<&
         Some(p) => {
             return Err(ApiError::bad(
                 "invalid_partition",
-                format!("topic {} has {n} partitions, not {}", t.name, p + 1),
+                format!("topic {} has no partition {p} (its partitions are 0 to {})", t.name, n.saturating_sub(1)),
             ));
         }
         None => partition_for_key(key, n),
@@ -763,6 +768,9 @@ async fn fetch_records(
     })?;
     let mode = read_mode(&q)?;
     let offset = q.offset.unwrap_or(0);
+    if q.max_records == Some(0) || q.max_bytes == Some(0) {
+        return Err(ApiError::bad("invalid_limit", "max_records and max_bytes must be at least 1"));
+    }
     let max_records = q.max_records.unwrap_or(500).clamp(1, s.limits.fetch_records_max);
     let max_bytes = q.max_bytes.unwrap_or(1024 * 1024).clamp(1, s.limits.fetch_bytes_max);
     let hop = hop(&s, &headers, &q);

@@ -123,9 +123,7 @@ async fn disjoint_moves(cluster: &mut Cluster) -> Result<()> {
     api.create_topic(&cluster.url(1), &TopicSpec::compacted(topic, 1, 1)).await?.expect_status(201)?;
     cluster.wait_for_leaders(topic, Duration::from_secs(20)).await?;
     let d: Value = api.describe(&cluster.url(1), topic).await?.json()?;
-    let first = d["partitions"][0]["replicas"][0]
-        .as_u64()
-        .ok_or_else(|| Error::Check(format!("no replica in {d}")))?;
+    let first = d["partitions"][0]["replicas"][0].as_u64().ok_or_else(|| Error::Check(format!("no replica in {d}")))?;
     let others: Vec<u64> = [1, 2, 3].into_iter().filter(|n| *n != first).collect();
     let mut written = 0;
     for (round, target) in [vec![others[0]], vec![first, others[1]]].into_iter().enumerate() {
@@ -147,8 +145,7 @@ async fn disjoint_moves(cluster: &mut Cluster) -> Result<()> {
         loop {
             let d: Value = api.describe(&cluster.url(1), topic).await?.json()?;
             let p = &d["partitions"][0];
-            let replicas: Vec<u64> =
-                p["replicas"].as_array().into_iter().flatten().filter_map(Value::as_u64).collect();
+            let replicas: Vec<u64> = p["replicas"].as_array().into_iter().flatten().filter_map(Value::as_u64).collect();
             if p.get("move").is_none() && replicas == target {
                 break;
             }

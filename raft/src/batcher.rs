@@ -186,7 +186,7 @@ async fn commit(group: GroupId, requests: Vec<Request>, propose: &Propose) {
                 offset += n as u64;
             }
         }
-        Err(Error::Invalid(m)) => {
+        Err(Error::Invalid(m) | Error::TooLarge(m)) => {
             // Nothing was appended. Each request alone may be valid: propose them one by one.
             tracing::debug!(group, error = %m, requests = replies.len(), "batch refused; proposing its requests one by one");
             let mut start = 0;
@@ -212,6 +212,7 @@ fn clone_error(e: &Error, message: &str) -> Error {
         Error::NotHosted { group } => Error::NotHosted { group: *group },
         Error::NodeUnreachable(m) => Error::NodeUnreachable(m.clone()),
         Error::Invalid(m) => Error::Invalid(m.clone()),
+        Error::TooLarge(m) => Error::TooLarge(m.clone()),
         Error::Timeout(m) => Error::Timeout(m.clone()),
         _ => Error::Unavailable(message.to_string()),
     }

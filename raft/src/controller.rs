@@ -176,7 +176,7 @@ impl ClusterState {
         if let Some(existing) = self.topics.get(&c.name) {
             let same = existing.partitions.len() as u32 == c.partitions
                 && existing.replication_factor == c.replication_factor
-                && existing.config == config;
+                && with_defaults(&existing.config) == with_defaults(&config);
             return if same {
                 result("exists", format!("topic {} exists with the same settings", c.name))
             } else {
@@ -402,10 +402,19 @@ impl TopicRecord {
         c.retention_ms = num("retention.ms").filter(|v| delete && *v >= 0).map(|v| v as u64);
         c.retention_bytes = num("retention.bytes").filter(|v| delete && *v >= 0).map(|v| v as u64);
         if let Some(m) = num("max.message.bytes") {
-            c.batch_bytes_max = (m.max(0) as u64).clamp(1024, i32::MAX as u64) as u32;
+            c.batch_bytes_max = (m.max(0) as u64).clamp(logdex_log::BATCH_HEADER_BYTES as u64, i32::MAX as u64) as u32;
         }
         c
     }
+}
+
+/// A topic config with the defaults of the keys that have one filled in: a create that
+/// spells out a default asks for the same topic as one that leaves it out.
+fn with_defaults(config: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
+    let mut c: BTreeMap<&str, &str> = config.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    c.entry("cleanup.policy").or_insert("compact");
+    c.entry("kv.index.enabled").or_insert("true");
+    c
 }
 
 /// Kafka's topic name rules: 1 to 249 of `[a-zA-Z0-9._-]`, not `.` or `..`.
@@ -566,6 +575,24 @@ mod tests {
         assert_eq!(create(&mut state, "t", 2, 1).status, "created");
         assert_eq!(create(&mut state, "t", 2, 1).status, "exists");
         assert_eq!(create(&mut state, "t", 3, 1).status, "conflict");
+    }
+
+    #[test]
+    fn create_spelling_out_a_default_config_is_the_same_topic() {
+        let mut state = ClusterState::fresh();
+        register(&mut state, 1);
+        assert_eq!(create(&mut state, "t", 1, 1).status, "created");
+        let again = |config: &[(&str, &str)]| pb::ControllerCommand {
+            kind: Some(Kind::CreateTopic(pb::CreateTopic {
+                name: "t".into(),
+                partitions: 1,
+                replication_factor: 1,
+                config: config.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            })),
+        };
+        let defaults = [("cleanup.policy", "compact"), ("kv.index.enabled", "true")];
+        assert_eq!(state.apply(&again(&defaults)).status, "exists");
+        assert_eq!(state.apply(&again(&[("cleanup.policy", "delete")])).status, "conflict");
     }
 
     #[test]

@@ -11,7 +11,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// This replica is not the leader; the leader's node, when known.
-    #[error("not the leader of group {group}; leader node: {leader_node:?}")]
+    #[error("not the leader of group {group}; leader: {}", leader_text(.leader_node))]
     NotLeader { group: GroupId, leader_node: Option<NodeId> },
     /// This node hosts no replica of the group.
     #[error("group {group} is not hosted on this node")]
@@ -28,6 +28,9 @@ pub enum Error {
     /// The request is invalid.
     #[error("invalid: {0}")]
     Invalid(String),
+    /// A write's record batch exceeds the topic's `max.message.bytes`.
+    #[error("too large: {0}")]
+    TooLarge(String),
     /// A named thing does not exist.
     #[error("not found: {0}")]
     NotFound(String),
@@ -64,6 +67,12 @@ impl Error {
         Error::Unavailable(msg.to_string())
     }
 
+    /// The error a peer reported as unavailable in `message` (its own
+    /// `unavailable: ` prefix dropped, so it is not said twice).
+    pub fn remote_unavailable(message: &str) -> Self {
+        Error::Unavailable(message.strip_prefix("unavailable: ").unwrap_or(message).to_string())
+    }
+
     /// True when a replica refused to answer from damaged stored data (a batch failing its
     /// crc or framing, or the index and the log disagreeing): never a wrong answer, and the
     /// API says so with its own error code.
@@ -74,6 +83,10 @@ impl Error {
             _ => false,
         }
     }
+}
+
+fn leader_text(leader: &Option<NodeId>) -> String {
+    leader.map_or_else(|| "unknown".to_string(), |n| format!("node {n}"))
 }
 
 /// openraft's storage traits speak `std::io::Error`.

@@ -1016,7 +1016,7 @@ impl Node {
             })
             .collect();
         let preferred = record.replicas.first().map(|r| r.replica_id) == Some(replica);
-        let batcher = Batcher::start(group, propose_fn(raft.clone(), group));
+        let batcher = Batcher::start(group, propose_fn(raft.clone(), partition.clone()));
         let hosted = Arc::new(HostedGroup {
             group_id: group,
             replica_id: replica,
@@ -1180,7 +1180,7 @@ impl Node {
         }
         let strict = mode == ReadMode::Strict;
         let read_index = if hosted.raft.is_leader() {
-            leader_read_index(&hosted.raft, strict).await?
+            leader_read_index(&hosted.raft, hosted.group_id, strict).await?
         } else {
             // Concurrent follower reads of the groups one node leads share one call.
             self.inner.read_index_stats.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -1270,7 +1270,7 @@ impl Node {
             Err(e) if e.unsupported() => {
                 futures::future::join_all(headers.iter().map(|h| self.remote_read_index(addr, *h, strict))).await
             }
-            Err(e) => headers.iter().map(|_| Err(Error::unavailable(e.status().message()))).collect(),
+            Err(e) => headers.iter().map(|_| Err(Error::remote_unavailable(e.status().message()))).collect(),
         }
     }
 
@@ -1287,7 +1287,7 @@ impl Node {
                 request.set_timeout(RPC_TIMEOUT);
                 client.read_index(request).await.map_err(Error::unavailable)?.into_inner()
             }
-            Err(e) => return Err(Error::unavailable(e.status().message())),
+            Err(e) => return Err(Error::remote_unavailable(e.status().message())),
         };
         Ok(answer.read_log_id.map_or(0, |l| l.index))
     }
@@ -1404,26 +1404,27 @@ fn produce_error(group: GroupId, status: tonic::Status, connect_failed: bool) ->
             Error::NodeUnreachable(status.message().to_string())
         }
         tonic::Code::InvalidArgument => Error::Invalid(status.message().to_string()),
+        tonic::Code::OutOfRange => Error::TooLarge(status.message().to_string()),
         tonic::Code::NotFound => Error::NotLeader { group, leader_node: None },
         tonic::Code::DeadlineExceeded => Error::Timeout(status.message().to_string()),
-        _ => Error::unavailable(status.message()),
+        _ => Error::remote_unavailable(status.message()),
     }
 }
 
 /// Read index on the leader: a lease read unless `strict`.
-pub async fn leader_read_index(raft: &Raft, strict: bool) -> Result<u64> {
-    Ok(leader_read_log_id(raft, strict).await?.index)
+pub async fn leader_read_index(raft: &Raft, group: GroupId, strict: bool) -> Result<u64> {
+    Ok(leader_read_log_id(raft, group, strict).await?.index)
 }
 
 /// The log id a read on the leader must wait for: a lease read unless `strict`.
-pub async fn leader_read_log_id(raft: &Raft, strict: bool) -> Result<crate::types::LogId> {
+pub async fn leader_read_log_id(raft: &Raft, group: GroupId, strict: bool) -> Result<crate::types::LogId> {
     let policy = if strict { ReadPolicy::ReadIndex } else { ReadPolicy::LeaseRead };
     let linearizer = tokio::time::timeout(OPERATION_TIMEOUT, raft.get_read_linearizer(policy))
         .await
         .map_err(|_| Error::unavailable("read index timed out"))?
         .map_err(|e| match e {
             OrRaftError::APIError(openraft::errors::LinearizableReadError::ForwardToLeader(f)) => {
-                Error::NotLeader { group: 0, leader_node: f.leader_node.map(|n| n.node_id) }
+                Error::NotLeader { group, leader_node: f.leader_node.map(|n| n.node_id) }
             }
             other => Error::unavailable(other),
         })?;
@@ -1503,12 +1504,15 @@ async fn with_tier<T>(partition: &Partition, mut read: impl FnMut() -> Result<T>
 }
 
 /// Proposes `records` as one entry on `raft` and returns the offset of the first.
-fn propose_fn(raft: Raft, group: GroupId) -> crate::batcher::Propose {
+fn propose_fn(raft: Raft, partition: Arc<Partition>) -> crate::batcher::Propose {
+    let group = partition.group;
     Arc::new(move |records: &[logdex_log::Record]| {
         let raft = raft.clone();
-        let batch = logdex_log::encode_batch(records, logdex_log::Compression::None);
+        let batch = logdex_log::encode_batch(records, logdex_log::Compression::None)
+            .map_err(|e| Error::Invalid(e.to_string()))
+            .and_then(|batch| partition.admit_batch(batch.len()).map(|()| batch));
         Box::pin(async move {
-            let mut batch = batch.map_err(|e| Error::Invalid(e.to_string()))?;
+            let mut batch = batch?;
             logdex_log::set_base_offset(&mut batch, 0);
             let command = pb::Command { kind: Some(pb::command::Kind::Produce(pb::Produce { batch })) };
             match tokio::time::timeout(OPERATION_TIMEOUT, raft.client_write(command)).await {

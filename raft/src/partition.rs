@@ -87,6 +87,10 @@ pub struct Partition {
     pub replica: ReplicaId,
     dir: PathBuf,
     log_config: LogConfig,
+    /// The topic's `max.message.bytes`: the largest batch a write may propose. It is
+    /// checked before proposing, never when applying: replicas learn a config change
+    /// at different moments, and a committed entry must apply alike on each.
+    batch_bytes_max: std::sync::atomic::AtomicU32,
     log: RwLock<Log>,
     index: Index,
     high_watermark: AtomicU64,
@@ -197,12 +201,16 @@ impl Partition {
         store: Option<TierStore>,
     ) -> Result<(Partition, AppliedState)> {
         std::fs::create_dir_all(dir)?;
+        let admitted = log_config.batch_bytes_max;
+        let log_config = apply_config(log_config);
         let cache = TierCache::new(dir.join(crate::tier::CACHE_DIR), store);
         if let Some(snapshot) = read_install_intent(dir)? {
             tracing::info!(group, replica, snapshot = %snapshot.display(), "finishing an interrupted snapshot install");
             let (log, state, manifest) = install_files(replica, dir, &log_config, &index, &snapshot, &cache)?;
             let tier = Tier::new(manifest, cache);
-            return Ok((Partition::from_parts(group, replica, dir, log_config, log, index, tier), state));
+            let partition = Partition::from_parts(group, replica, dir, log_config, log, index, tier);
+            partition.batch_bytes_max.store(admitted, Ordering::Relaxed);
+            return Ok((partition, state));
         }
         let manifest = Manifest::load(dir)?;
         let mut log = Log::open(&dir.join("log"), log_config.clone())?;
@@ -247,6 +255,7 @@ impl Partition {
         };
         let tier = Tier::new(manifest, cache);
         let partition = Partition::from_parts(group, replica, dir, log_config, log, index, tier);
+        partition.batch_bytes_max.store(admitted, Ordering::Relaxed);
         partition.reapply_until.store(reapply_until, Ordering::Release);
         Ok((partition, state))
     }
@@ -265,6 +274,7 @@ impl Partition {
             group,
             replica,
             dir: dir.to_path_buf(),
+            batch_bytes_max: std::sync::atomic::AtomicU32::new(log_config.batch_bytes_max),
             log_config,
             log: RwLock::new(log),
             index,
@@ -770,11 +780,25 @@ impl Partition {
         Ok(deleted)
     }
 
-    /// Applies a topic config change to the segment log (segment size and age, retention).
+    /// Applies a topic config change to the segment log (segment size and age, retention)
+    /// and to the batch size writes may propose.
     pub fn set_log_config(&self, config: LogConfig) -> Result<()> {
+        self.batch_bytes_max.store(config.batch_bytes_max, Ordering::Relaxed);
+        let config = apply_config(config);
         let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
         if *log.config() != config {
             log.set_config(config)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses a batch of `bytes` larger than the topic's `max.message.bytes`.
+    pub fn admit_batch(&self, bytes: usize) -> Result<()> {
+        let limit = self.batch_bytes_max.load(Ordering::Relaxed);
+        if bytes > limit as usize {
+            return Err(Error::TooLarge(format!(
+                "record batch of {bytes} bytes exceeds the topic's max.message.bytes ({limit})"
+            )));
         }
         Ok(())
     }
@@ -1153,6 +1177,13 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
 }
 
 /// Removes `name` from `dir` if present, durably.
+/// The segment log's config for applying committed entries: any batch size up to
+/// the format's limit (the topic's own limit is checked before proposing; see
+/// [`Partition::admit_batch`]).
+fn apply_config(config: LogConfig) -> LogConfig {
+    LogConfig { batch_bytes_max: i32::MAX as u32, ..config }
+}
+
 fn remove_file_durably(dir: &Path, name: &str) -> Result<()> {
     match std::fs::remove_file(dir.join(name)) {
         Ok(()) => Ok(std::fs::File::open(dir)?.sync_all()?),

@@ -119,8 +119,9 @@ impl Service {
     }
 
     async fn read_index_call(&self, req: pb::ReadIndexRequest) -> Result<pb::ReadIndexResponse, Status> {
+        let group = req.header.as_ref().map_or(0, |h| h.group_id);
         let raft = self.raft_for(req.header)?;
-        let read = leader_read_log_id(&raft, req.strict).await.map_err(fatal)?;
+        let read = leader_read_log_id(&raft, group, req.strict).await.map_err(fatal)?;
         Ok(pb::ReadIndexResponse { read_log_id: Some(wire::log_id_to_pb(&read)) })
     }
 
@@ -155,6 +156,7 @@ impl Service {
                 return Err(Status::not_found(format!("group {group} is not hosted here")));
             }
             Err(crate::Error::Invalid(m)) => return Err(Status::invalid_argument(m)),
+            Err(crate::Error::TooLarge(m)) => return Err(Status::out_of_range(m)),
             Err(crate::Error::Timeout(m)) => return Err(Status::deadline_exceeded(m)),
             Err(e) => return Err(Status::internal(e.to_string())),
         };

@@ -1,0 +1,105 @@
+//! Bad or oversized requests get a clear JSON error with the status and code DESIGN's
+//! contract names (413 `too_large`, 400 `invalid_*`), and nothing is written.
+
+mod common;
+
+use common::TestResult;
+use common::start_node;
+use serde_json::Value;
+use serde_json::json;
+
+async fn error_of(response: reqwest::Response) -> TestResult<(u16, String, String)> {
+    let status = response.status().as_u16();
+    let body: Value = response.json().await?;
+    let code = body["error"]["code"].as_str().ok_or("no error code")?.to_string();
+    let message = body["error"]["message"].as_str().ok_or("no error message")?.to_string();
+    Ok((status, code, message))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_over_max_message_bytes_answer_413_until_the_limit_is_raised() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (node, url) = start_node(dir.path(), &[]).await?;
+    let http = reqwest::Client::new();
+    let created = http
+        .post(format!("{url}/topics"))
+        .json(
+            &json!({"name": "tiny", "partitions": 1, "replication_factor": 1, "config": {"max.message.bytes": "200"}}),
+        )
+        .send()
+        .await?;
+    assert_eq!(created.status(), 201);
+
+    let small = http.put(format!("{url}/kv/tiny/small")).body(vec![b's'; 20]).send().await?;
+    assert_eq!(small.status(), 200, "a batch under the limit is written");
+    let (status, code, message) =
+        error_of(http.put(format!("{url}/kv/tiny/big")).body(vec![b'b'; 500]).send().await?).await?;
+    assert_eq!((status, code.as_str()), (413, "too_large"), "{message}");
+    assert!(message.contains("max.message.bytes"), "the refusal names the limit: {message}");
+    let records = json!({"records": [{"key": "r1", "value": "x".repeat(300)}]});
+    let (status, code, _) =
+        error_of(http.post(format!("{url}/topics/tiny/records")).json(&records).send().await?).await?;
+    assert_eq!((status, code.as_str()), (413, "too_large"));
+    for key in ["big", "r1"] {
+        let got = http.get(format!("{url}/kv/tiny/{key}")).send().await?;
+        assert_eq!(got.status(), 404, "refused write of {key} left nothing behind");
+    }
+
+    let altered = http
+        .post(format!("{url}/topics/tiny/config"))
+        .json(&json!({"config": {"max.message.bytes": "10000"}}))
+        .send()
+        .await?;
+    assert_eq!(altered.status(), 200);
+    let big = http.put(format!("{url}/kv/tiny/big")).body(vec![b'b'; 500]).send().await?;
+    assert_eq!(big.status(), 200, "the raised limit admits the write");
+    let got = http.get(format!("{url}/kv/tiny/big")).send().await?;
+    assert_eq!(got.bytes().await?.len(), 500);
+    node.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_parameters_answer_400_with_a_code_that_names_them() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (node, url) = start_node(dir.path(), &[]).await?;
+    let http = reqwest::Client::new();
+    let created = http
+        .post(format!("{url}/topics"))
+        .json(&json!({"name": "t", "partitions": 2, "replication_factor": 1}))
+        .send()
+        .await?;
+    assert_eq!(created.status(), 201);
+    assert_eq!(http.put(format!("{url}/kv/t/k")).body("v").send().await?.status(), 200);
+
+    let (status, code, message) = error_of(http.get(format!("{url}/kv/t/k?partition=2")).send().await?).await?;
+    assert_eq!((status, code.as_str()), (400, "invalid_partition"));
+    assert!(message.contains("no partition 2") && message.contains("0 to 1"), "{message}");
+
+    for query in ["max_records=0", "max_bytes=0"] {
+        let fetch = http.get(format!("{url}/topics/t/partitions/0/records?offset=0&{query}")).send().await?;
+        let (status, code, _) = error_of(fetch).await?;
+        assert_eq!((status, code.as_str()), (400, "invalid_limit"), "{query}");
+    }
+
+    for method in [reqwest::Method::GET, reqwest::Method::PUT, reqwest::Method::DELETE] {
+        let (status, code, _) = error_of(http.request(method.clone(), format!("{url}/kv/t/")).send().await?).await?;
+        assert_eq!((status, code.as_str()), (400, "invalid_key"), "{method} of an empty key");
+    }
+
+    let alter = http.post(format!("{url}/topics/t/config")).json(&json!({"config": {"segment.bytes": "lots"}}));
+    let (status, code, _) = error_of(alter.send().await?).await?;
+    assert_eq!((status, code.as_str()), (400, "invalid_config"), "alter answers as create does");
+    let create = http
+        .post(format!("{url}/topics"))
+        .json(&json!({"name": "u", "partitions": 1, "replication_factor": 1, "config": {"segment.bytes": "lots"}}));
+    let (status, code, _) = error_of(create.send().await?).await?;
+    assert_eq!((status, code.as_str()), (400, "invalid_config"));
+
+    let spelled_out = json!({"name": "t", "partitions": 2, "replication_factor": 1,
+        "config": {"cleanup.policy": "compact", "kv.index.enabled": "true"}});
+    let again = http.post(format!("{url}/topics")).json(&spelled_out).send().await?;
+    assert_eq!(again.status(), 200, "a create spelling out the defaults is the existing topic");
+    node.shutdown().await;
+    Ok(())
+}
