@@ -234,12 +234,14 @@ async fn describe(s: &AppState, t: &TopicRecord) -> Value {
             let hw = leader_view.map(|g| g.high_watermark).or_else(|| views.iter().map(|g| g.high_watermark).max());
             let start =
                 leader_view.map(|g| g.log_start_offset).or_else(|| views.iter().map(|g| g.log_start_offset).min());
+            let size = leader_view.map(|g| g.size_bytes).or_else(|| views.iter().map(|g| g.size_bytes).max());
             let mut v = json!({
                 "partition": p.partition,
                 "replicas": p.replicas.iter().map(|r| r.node_id).collect::<Vec<_>>(),
                 "leader": leader,
                 "high_watermark": hw.unwrap_or(0),
                 "log_start_offset": start.unwrap_or(0),
+                "size_bytes": size.unwrap_or(0),
             });
             if let Some(target) = &p.target {
                 v["move"] = json!({

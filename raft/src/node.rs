@@ -1369,6 +1369,7 @@ impl Node {
                     high_watermark: g.partition.high_watermark(),
                     log_start_offset: g.partition.log_start_offset(),
                     applied_index: m.last_applied.map_or(0, |l| l.index),
+                    size_bytes: g.partition.total_size_bytes(),
                 }
             })
             .collect();

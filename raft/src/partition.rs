@@ -433,6 +433,15 @@ impl Partition {
         self.unless_installing(|| self.log.read().map(|l| l.size_bytes()).unwrap_or(0))
     }
 
+    /// [`Partition::size_bytes`] plus the tiered segments older than the local log.
+    pub fn total_size_bytes(&self) -> u64 {
+        let (local_start, local_bytes) =
+            self.unless_installing(|| self.log.read().map(|l| (l.start_offset(), l.size_bytes())).unwrap_or((0, 0)));
+        let remote: u64 =
+            self.manifest().segments.iter().filter(|s| s.next_offset <= local_start).map(|s| s.size_bytes).sum();
+        local_bytes + remote
+    }
+
     /// Applies committed produce batches (in log order) and records `state` as
     /// applied. A batch the log refuses (over the size limit, say) is skipped
     /// the same way on every replica and answered with the reason; an I/O

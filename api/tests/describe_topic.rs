@@ -1,0 +1,41 @@
+//! `GET /topics/{t}` reports each partition's replicas, leader, offsets and size.
+
+mod common;
+
+use common::TestResult;
+use common::start_node;
+use serde_json::Value;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_reports_partition_sizes_that_grow_with_writes() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (node, url) = start_node(dir.path(), &[]).await?;
+    let http = reqwest::Client::new();
+    let created = http
+        .post(format!("{url}/topics"))
+        .json(&json!({"name": "sized", "partitions": 2, "replication_factor": 1}))
+        .send()
+        .await?;
+    assert_eq!(created.status(), 201);
+    let describe = || async {
+        let d: Value = http.get(format!("{url}/topics/sized")).send().await?.json().await?;
+        TestResult::Ok(d)
+    };
+    let before = describe().await?;
+    assert_eq!(before["partitions"][0]["size_bytes"], 0, "{before}");
+
+    let records: Vec<Value> =
+        (0..20).map(|i| json!({"key": format!("k{i}"), "value": "v".repeat(1000), "partition": 0})).collect();
+    let produced = http.post(format!("{url}/topics/sized/records")).json(&json!({"records": records})).send().await?;
+    assert_eq!(produced.status(), 200);
+    let after = describe().await?;
+    let p0 = &after["partitions"][0];
+    let size = p0["size_bytes"].as_u64().ok_or("no size_bytes")?;
+    assert!(size > 20 * 1000, "20 records of 1000-byte values take more than 20,000 bytes: {p0}");
+    assert_eq!(p0["high_watermark"], 20);
+    assert_eq!(p0["log_start_offset"], 0);
+    assert_eq!(after["partitions"][1]["size_bytes"], 0, "the other partition is untouched: {after}");
+    node.shutdown().await;
+    Ok(())
+}
