@@ -356,11 +356,34 @@ impl Log {
     /// least `retention_bytes`. Never deletes the active segment. Returns
     /// the new start offset.
     pub fn apply_retention(&mut self, now_ms: u64) -> Result<Offset> {
+        let cut = self.retention_cut(now_ms);
+        self.delete_before(cut)
+    }
+
+    /// The start offset [`Log::apply_retention`] would leave, without deleting anything:
+    /// the base offset of the oldest segment retention keeps.
+    pub fn retention_cut(&self, now_ms: u64) -> Offset {
+        let mut size = self.size_bytes();
+        let mut cut = self.start_offset();
+        for pair in self.segments.windows(2) {
+            if !self.retention_due(&pair[0], size, now_ms) {
+                break;
+            }
+            size -= pair[0].size_bytes();
+            cut = pair[1].base_offset;
+        }
+        cut
+    }
+
+    /// Deletes the oldest segments that end at or before `offset` (a segment
+    /// ends where the next begins; the active segment is never deleted).
+    /// Returns the new start offset.
+    pub fn delete_before(&mut self, offset: Offset) -> Result<Offset> {
         if self.poisoned {
             return Err(Error::Poisoned);
         }
         self.guarded(|log| {
-            while log.segments.len() > 1 && log.retention_due(&log.segments[0], now_ms) {
+            while log.segments.len() > 1 && log.segments[1].base_offset <= offset {
                 log.segments[0].delete(&log.dir)?;
                 log.segments.remove(0);
                 log.dir_dirty = true;
@@ -618,12 +641,12 @@ impl Log {
         too_big || too_old || span > u64::from(u32::MAX)
     }
 
-    fn retention_due(&self, segment: &Segment, now_ms: u64) -> bool {
+    /// Whether retention deletes `segment`, the oldest, of a log of `log_bytes`.
+    fn retention_due(&self, segment: &Segment, log_bytes: u64, now_ms: u64) -> bool {
         let now = i64::try_from(now_ms).unwrap_or(i64::MAX);
         let too_old =
             self.config.retention_ms.is_some_and(|ms| now.saturating_sub(segment.max_timestamp_ms()) > ms as i64);
-        let too_big =
-            self.config.retention_bytes.is_some_and(|limit| self.size_bytes() - segment.size_bytes() >= limit);
+        let too_big = self.config.retention_bytes.is_some_and(|limit| log_bytes - segment.size_bytes() >= limit);
         too_old || too_big
     }
 

@@ -53,6 +53,24 @@ fn retention_by_size_keeps_the_log_above_the_limit() -> TestResult {
     Ok(())
 }
 
+/// `retention_cut` names the start `apply_retention` would leave without deleting anything;
+/// `delete_before` removes only segments that end at or before the offset it is given (a
+/// segment straddling it stays), as a replica with other segment boundaries applies the
+/// leader's cut.
+#[test]
+fn retention_cut_deletes_nothing_and_delete_before_keeps_a_straddling_segment() -> TestResult {
+    let config = LogConfig { retention_ms: Some(2500), ..small_config() };
+    let (_dir, mut log) = timed_segments(config, 5)?;
+    assert_eq!(log.retention_cut(5000), 4);
+    assert_eq!(log.start_offset(), 0, "computing the cut deletes nothing");
+    assert_eq!(log.delete_before(3)?, 2, "segment 2..4 straddles offset 3 and stays");
+    assert_eq!(log.read_record(2)?.map(|(o, _)| o), Some(2));
+    assert_eq!(log.delete_before(4)?, 4);
+    assert_eq!(log.delete_before(u64::MAX)?, 10, "the active segment stays");
+    assert_eq!(log.next_offset(), 11);
+    Ok(())
+}
+
 /// Retention never deletes the active segment, however old.
 #[test]
 fn retention_never_deletes_the_active_segment() -> TestResult {

@@ -628,6 +628,13 @@ impl Node {
                     tracing::warn!(group = g.group_id, error = %e, "tiered storage pass failed; retrying next pass");
                 }
                 let policy = topic.cleanup_policy();
+                if policy.delete
+                    && topic.tier_policy().is_none()
+                    && g.raft.is_leader()
+                    && let Err(e) = self.propose_retention(&g).await
+                {
+                    tracing::warn!(group = g.group_id, error = %e, "retention trim failed; retrying next pass");
+                }
                 let p = g.partition.clone();
                 let last = compacted_at.get(&g.group_id).copied();
                 let outcome = tokio::task::spawn_blocking(move || clean(&p, &policy, last)).await;
@@ -767,6 +774,19 @@ impl Node {
             object = %remote.object,
             "segment copied to tiered storage"
         );
+        Ok(())
+    }
+
+    /// Retention of a partition without tiered storage: its leader finds the start offset
+    /// retention leaves in its own log and commits it as a trim, which every replica applies
+    /// alike (deleting its segments that end at or before it; reads below it answer as
+    /// removed), so replicas agree on the log start whatever their clocks or segment
+    /// boundaries.
+    async fn propose_retention(&self, g: &HostedGroup) -> Result<()> {
+        let now = crate::state_machine::now_ms();
+        let Some(cut) = g.partition.retention_cut(now)? else { return Ok(()) };
+        self.tier_write(g, pb::tier_command::Kind::TrimTo(cut)).await?;
+        tracing::info!(group = g.group_id, start_offset = cut, "retention moved the log start");
         Ok(())
     }
 
@@ -1451,14 +1471,11 @@ fn leader_of(raft: &Raft) -> Option<(NodeId, ReplicaId)> {
     m.membership_config.membership().get_node(&leader).map(|n| (n.node_id, leader))
 }
 
-/// One cleaning pass of a replica: retention under the `delete` policy, then
-/// compaction under `compact` when sealed data changed since the last pass
-/// (`last`, sealed bytes then). Returns the sealed bytes after compacting.
+/// One compaction pass of a replica under the `compact` policy, when sealed data
+/// changed since the last pass (`last`, sealed bytes then). Returns the sealed bytes
+/// after compacting. (Retention is committed through Raft: `propose_retention`.)
 fn clean(p: &Partition, policy: &crate::controller::CleanupPolicy, last: Option<u64>) -> Result<Option<u64>> {
     let now = crate::state_machine::now_ms();
-    if policy.delete {
-        p.apply_retention(now)?;
-    }
     if !policy.compact {
         return Ok(None);
     }

@@ -214,6 +214,8 @@ impl Partition {
         }
         let manifest = Manifest::load(dir)?;
         let mut log = Log::open(&dir.join("log"), log_config.clone())?;
+        // Segments a committed trim removed, if their deletion did not reach the disk.
+        log.delete_before(manifest.trimmed_to)?;
         let marker = index.applied(replica)?;
         let mut reapply_until = read_json::<Reapply>(&dir.join(REAPPLY_FILE))?.map_or(0, |r| r.index_next_offset);
         let state = match marker {
@@ -256,6 +258,11 @@ impl Partition {
         let tier = Tier::new(manifest, cache);
         let partition = Partition::from_parts(group, replica, dir, log_config, log, index, tier);
         partition.batch_bytes_max.store(admitted, Ordering::Relaxed);
+        // A trim whose watermark raise the index lost in a crash (the manifest is durable first).
+        let start = partition.log_start_offset();
+        if start > 0 {
+            partition.index.set_watermark(replica, start)?;
+        }
         partition.reapply_until.store(reapply_until, Ordering::Release);
         Ok((partition, state))
     }
@@ -411,8 +418,13 @@ impl Partition {
         self.logical_start(local)
     }
 
+    /// The first readable offset over a local log starting at `local_start`: older remote
+    /// segments count, and nothing below the last committed trim does (a replica whose
+    /// segment straddles the trim keeps the segment but not its offsets below the trim).
     fn logical_start(&self, local_start: Offset) -> Offset {
-        self.manifest().start_offset().filter(|s| *s < local_start).unwrap_or(local_start)
+        let manifest = self.manifest();
+        let start = manifest.start_offset().filter(|s| *s < local_start).unwrap_or(local_start);
+        start.max(manifest.trimmed_to)
     }
 
     fn manifest(&self) -> std::sync::RwLockReadGuard<'_, Manifest> {
@@ -716,8 +728,12 @@ impl Partition {
                     *manifest = next;
                 }
                 drop(manifest);
-                // Also when re-applied after a crash (nothing left to trim): the cache and
-                // the watermark follow.
+                // Also when re-applied after a crash (nothing left to trim): the local
+                // segments, the cache and the watermark follow.
+                self.log
+                    .write()
+                    .map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?
+                    .delete_before(*to)?;
                 self.tier.cache.forget_below(*to)?;
                 let start = self.log_start_offset();
                 if start > 0 {
@@ -854,18 +870,14 @@ impl Partition {
         Ok(stats)
     }
 
-    /// Deletes whole sealed segments past the retention limits and raises the
-    /// index's cleanup watermark to the new log start offset.
-    pub fn apply_retention(&self, now_ms: u64) -> Result<Offset> {
-        let start = {
-            let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
-            log.apply_retention(now_ms)?
-        };
-        let start = self.logical_start(start);
-        if start > 0 {
-            self.index.set_watermark(self.replica, start)?;
-        }
-        Ok(start)
+    /// The log start offset retention (`retention.ms`, `retention.bytes`) would leave on
+    /// this replica now, when it is past the last committed trim: what the leader proposes
+    /// as a trim (`TierCommand` `trim_to`), which every replica applies alike
+    /// ([`Partition::apply_tier`]).
+    pub fn retention_cut(&self, now_ms: u64) -> Result<Option<Offset>> {
+        let cut =
+            self.log.read().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?.retention_cut(now_ms);
+        Ok((cut > self.manifest().trimmed_to).then_some(cut))
     }
 
     /// Reads sealed segments not checked yet, oldest first, up to about `budget_bytes`, and
