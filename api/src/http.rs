@@ -14,10 +14,12 @@ use axum::extract::Path;
 use axum::extract::Query;
 use axum::extract::State;
 use axum::http::HeaderMap;
+use axum::http::HeaderName;
 use axum::http::HeaderValue;
 use axum::http::Method;
 use axum::http::StatusCode;
 use axum::http::Uri;
+use axum::http::header;
 use axum::response::IntoResponse;
 use axum::response::Response;
 use axum::routing::get;
@@ -66,6 +68,13 @@ impl Default for Limits {
 }
 
 /// Body of `GET /bench/noop`: the benchmark's floor, a round trip with no work.
+// Response headers of produce and lookup answers (parsed once, not per request).
+const X_KV_PARTITION: HeaderName = HeaderName::from_static("x-kv-partition");
+const X_KV_OFFSET: HeaderName = HeaderName::from_static("x-kv-offset");
+const X_KV_HIGH_WATERMARK: HeaderName = HeaderName::from_static("x-kv-high-watermark");
+const X_KV_NODE: HeaderName = HeaderName::from_static("x-kv-node");
+const X_KV_TIMESTAMP: HeaderName = HeaderName::from_static("x-kv-timestamp");
+
 const NOOP_BODY: &[u8; 100] = &[b'x'; 100];
 
 #[derive(Clone)]
@@ -493,8 +502,8 @@ async fn produce_to(
 fn written(partition: u32, offset: u64) -> Response {
     let mut resp = Json(json!({ "partition": partition, "offset": offset })).into_response();
     let h = resp.headers_mut();
-    h.insert("x-kv-partition", HeaderValue::from(partition));
-    h.insert("x-kv-offset", HeaderValue::from(offset));
+    h.insert(X_KV_PARTITION, HeaderValue::from(partition));
+    h.insert(X_KV_OFFSET, HeaderValue::from(offset));
     resp
 }
 
@@ -656,16 +665,19 @@ fn healthy_replica(s: &AppState, record: &PartitionRecord, hosted: &logdex_raft:
         .or_else(|| record.replicas.iter().map(|r| r.node_id).find(|n| *n != me))
 }
 
+/// `GET /kv/{topic}/{key}`. Takes the whole request so its URI and headers are borrowed,
+/// not copied (this is the hot read path).
 async fn get_key(
     State(s): State<AppState>,
     Query(q): Query<CommonQuery>,
-    uri: Uri,
-    headers: HeaderMap,
+    request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    let topic_name = topic_from_uri(&uri)?;
+    let (parts, _) = request.into_parts();
+    let (uri, headers) = (&parts.uri, &parts.headers);
+    let topic_name = topic_from_uri(uri)?;
     let t = topic(&s, &topic_name)?;
     let mode = read_mode(&q)?;
-    let key = key_from_uri(&uri, q.key_encoding.as_deref())?;
+    let key = key_from_uri(uri, q.key_encoding.as_deref())?;
     if key.len() > s.limits.key_bytes_max {
         return Err(ApiError::TooLarge(format!("key exceeds {} bytes", s.limits.key_bytes_max)));
     }
@@ -673,10 +685,10 @@ async fn get_key(
     if t.config.get("kv.index.enabled").map(String::as_str) == Some("false") {
         return Err(ApiError::TopicNotIndexed(topic_name));
     }
-    let hop = hop(&s, &headers, &q);
+    let hop = hop(&s, headers, &q);
     let Some(hosted) = s.router.node.group(p.group_id) else {
         let target = read_target(&s, p).await?;
-        return s.router.redirect(target, hop, Method::GET, &path_and_query(&uri), &headers, Bytes::new()).await;
+        return s.router.redirect(target, hop, Method::GET, &path_and_query(uri), headers, Bytes::new()).await;
     };
     if let Some(min) = q.min_offset {
         let wait = s.limits.min_offset_wait_max.min(Duration::from_secs(1));
@@ -693,25 +705,26 @@ async fn get_key(
         Err(e) if e.is_corrupt_data() && hop.forward && !hop.forwarded => {
             let Some(target) = healthy_replica(&s, p, &hosted) else { return Err(e.into()) };
             tracing::warn!(group = p.group_id, error = %e, target, "lookup of a damaged record forwarded to another replica");
-            return s.router.redirect(target, hop, Method::GET, &path_and_query(&uri), &headers, Bytes::new()).await;
+            return s.router.redirect(target, hop, Method::GET, &path_and_query(uri), headers, Bytes::new()).await;
         }
         Err(e) => return Err(e.into()),
     };
     let node_id = s.router.node.node_id();
     let meta = |resp: &mut Response| {
         let h = resp.headers_mut();
-        h.insert("x-kv-partition", HeaderValue::from(p.partition));
-        h.insert("x-kv-high-watermark", HeaderValue::from(hw));
-        h.insert("x-kv-node", HeaderValue::from(node_id));
+        h.insert(X_KV_PARTITION, HeaderValue::from(p.partition));
+        h.insert(X_KV_HIGH_WATERMARK, HeaderValue::from(hw));
+        h.insert(X_KV_NODE, HeaderValue::from(node_id));
     };
     match read {
         KeyRead::Found { offset, record } => {
             let mut resp = (StatusCode::OK, record.value.unwrap_or_default()).into_response();
+            resp.headers_mut().reserve(6);
             meta(&mut resp);
             let h = resp.headers_mut();
-            h.insert("x-kv-offset", HeaderValue::from(offset));
-            h.insert("x-kv-timestamp", HeaderValue::from(record.timestamp_ms));
-            h.insert("content-type", HeaderValue::from_static("application/octet-stream"));
+            h.insert(X_KV_OFFSET, HeaderValue::from(offset));
+            h.insert(X_KV_TIMESTAMP, HeaderValue::from(record.timestamp_ms));
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
             Ok(resp)
         }
         KeyRead::NotFound => {
@@ -793,9 +806,9 @@ async fn fetch_records(
     }))
     .into_response();
     let h = resp.headers_mut();
-    h.insert("x-kv-partition", HeaderValue::from(partition));
-    h.insert("x-kv-high-watermark", HeaderValue::from(hw));
-    h.insert("x-kv-node", HeaderValue::from(s.router.node.node_id()));
+    h.insert(X_KV_PARTITION, HeaderValue::from(partition));
+    h.insert(X_KV_HIGH_WATERMARK, HeaderValue::from(hw));
+    h.insert(X_KV_NODE, HeaderValue::from(s.router.node.node_id()));
     Ok(resp)
 }
 

@@ -2,6 +2,7 @@
 //! in-memory seek table and content facts. The log owns an ordered list of
 //! segments; the last one is active (appended to), the others are sealed.
 
+use std::cell::Cell;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -56,6 +57,8 @@ enum ScanEnd {
 
 const SCAN_CHUNK_BYTES: usize = 1 << 20;
 const WINDOW_BYTES_MIN: u64 = 8 << 10;
+/// Largest window buffer kept for reuse by the next lookup on the same thread.
+const WINDOW_KEEP_BYTES_MAX: usize = 256 << 10;
 
 impl Segment {
     /// Creates a new, empty segment file (it must not exist).
@@ -500,7 +503,10 @@ impl Segment {
 
     fn read_window(&self, position: u64, len: u64) -> Result<Window> {
         let len = len.min(self.size_bytes - position) as usize;
-        let mut bytes = vec![0u8; len];
+        // A lookup reads one window: reuse this thread's last buffer rather than allocating
+        // and zeroing a fresh one each time (`resize` zeroes only growth; the read overwrites).
+        let mut bytes = SPARE_WINDOW.take();
+        bytes.resize(len, 0);
         self.read_exact_at(position, &mut bytes)?;
         Ok(Window { start: position, bytes })
     }
@@ -589,6 +595,20 @@ fn batch_crc(batch: &[u8]) -> u32 {
 pub(crate) struct Window {
     start: u64,
     bytes: Vec<u8>,
+}
+
+thread_local! {
+    /// The buffer of the last [`Window`] dropped on this thread.
+    static SPARE_WINDOW: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        let capacity = self.bytes.capacity();
+        if capacity > 0 && capacity <= WINDOW_KEEP_BYTES_MAX {
+            SPARE_WINDOW.set(std::mem::take(&mut self.bytes));
+        }
+    }
 }
 
 impl Window {

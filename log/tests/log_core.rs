@@ -4,7 +4,7 @@
 mod common;
 
 use common::{TestResult, append_records, fill, record, small_config};
-use logdex_log::{Compression, Error, Log, LogConfig, encode_batch};
+use logdex_log::{Compression, Error, Log, LogConfig, Record, encode_batch};
 
 /// Appends get dense offsets from 0 and every read API returns what was written.
 #[test]
@@ -260,5 +260,34 @@ fn install_replaces_the_log_with_checkpoint_files() -> TestResult {
     assert_eq!(all, (0..250).map(|o| (o, record(o))).collect::<Vec<_>>());
     assert!(!target.path().join("log.install-staging").exists());
     assert!(!target.path().join("log.install-old").exists());
+    Ok(())
+}
+
+/// Lookups reuse a read buffer per thread: reads alternating between a log of large
+/// records (large windows) and one of small records (short windows, at segment ends)
+/// each return exactly their own record, never bytes left from the previous read.
+#[test]
+fn read_record_alternating_large_and_small_windows_returns_each_own_record() -> TestResult {
+    let (large_dir, small_dir) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let mut large = Log::open(large_dir.path(), LogConfig::default())?;
+    let mut small = Log::open(small_dir.path(), small_config())?;
+    let big = |i: u64| Record {
+        timestamp_ms: i as i64,
+        key: Some(format!("big-{i}").into_bytes()),
+        value: Some(vec![b'a' + (i % 26) as u8; 20_000 + i as usize]),
+        headers: Vec::new(),
+    };
+    for i in 0..8 {
+        large.append(&mut encode_batch(&[big(i)], Compression::None)?, 0)?;
+    }
+    fill(&mut small, 200, 3)?;
+    for round in 0..3u64 {
+        for i in 0..8 {
+            assert_eq!(large.read_record(i)?, Some((i, big(i))));
+            let offset = (i * 25 + round * 7) % 200;
+            assert_eq!(small.read_record(offset)?, Some((offset, record(offset))));
+            assert_eq!(small.read_record(199)?, Some((199, record(199))));
+        }
+    }
     Ok(())
 }
