@@ -56,6 +56,10 @@ pub const MOVE_STEP_TIMEOUT: Duration = Duration::from_secs(120);
 pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Tries of a read whose remote segments must be fetched first (tiered storage).
 const TIER_READ_ATTEMPTS: usize = 3;
+/// How long a `linearizable` or `strict` read waits for its replica to learn a leader.
+const LEADER_WAIT_MAX: Duration = Duration::from_secs(1);
+/// How often that wait looks again.
+const LEADER_POLL: Duration = Duration::from_millis(20);
 /// Bytes of sealed segments the scrub reads per cleaner pass, over all of a node's replicas
 /// (`--cleaner-interval-ms`, 30 s by default: about 8 MiB/s at most, and nothing once every
 /// segment is checked).
@@ -1199,13 +1203,24 @@ impl Node {
             return Ok(());
         }
         let strict = mode == ReadMode::Strict;
-        let read_index = if hosted.raft.is_leader() {
-            leader_read_index(&hosted.raft, hosted.group_id, strict).await?
-        } else {
+        // A replica that does not know its leader yet (an election, a restart, a replica
+        // a move just added) waits for one, bounded, before answering 503.
+        let deadline = tokio::time::Instant::now() + LEADER_WAIT_MAX;
+        let known_leader = loop {
+            if hosted.raft.is_leader() {
+                break None;
+            }
+            if let Some(leader) = leader_of(&hosted.raft) {
+                break Some(leader);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::unavailable("no leader known"));
+            }
+            tokio::time::sleep(LEADER_POLL).await;
+        };
+        let read_index = if let Some((leader, leader_replica)) = known_leader {
             // Concurrent follower reads of the groups one node leads share one call.
             self.inner.read_index_stats.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let (leader, leader_replica) =
-                leader_of(&hosted.raft).ok_or_else(|| Error::unavailable("no leader known"))?;
             let coalescer = self
                 .inner
                 .read_index
@@ -1221,6 +1236,8 @@ impl Node {
             });
             let header = pb::GroupHeader { group_id: hosted.group_id, target_replica: leader_replica };
             coalescer.get(header, fetch).await?
+        } else {
+            leader_read_index(&hosted.raft, hosted.group_id, strict).await?
         };
         if applied_index(&hosted.raft) >= read_index {
             return Ok(());
