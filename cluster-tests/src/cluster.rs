@@ -354,11 +354,39 @@ impl Cluster {
     }
 
     /// Starts spare node `id` with `--join` through a running initial node, and waits for it.
+    /// Its ports were reserved when the cluster was laid out and released until now, so
+    /// another socket may have taken one meanwhile: a first start that fails on that retries
+    /// with fresh ports (not behind the fault proxy, whose targets are fixed).
     pub async fn start_spare(&mut self, id: u64) -> Result<()> {
         if !self.node(id).joins {
             return Err(Error::Check(format!("node {id} is not a spare node")));
         }
-        self.restart(id).await
+        let first_start = self.node(id).launches == 0;
+        for attempt in 1..=START_ATTEMPTS {
+            match self.restart(id).await {
+                Ok(()) => return Ok(()),
+                Err(e)
+                    if attempt < START_ATTEMPTS
+                        && first_start
+                        && !self.options.proxy
+                        && log_says_address_in_use(&self.node(id).log_path) =>
+                {
+                    eprintln!("node {id}, attempt {attempt}: a port was taken ({e}); retrying with fresh ports");
+                    if let Some(mut child) = self.node(id).lock_child().take() {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                    }
+                    let node = self.node_mut(id);
+                    let ip = node.rpc_addr.ip();
+                    let ports = reserve_ports(ip, 2)?;
+                    node.http_addr = SocketAddr::new(ip, ports[0]);
+                    node.rpc_addr = SocketAddr::new(ip, ports[1]);
+                    node.advertised_rpc_addr = node.rpc_addr;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Check(format!("could not start spare node {id} in {START_ATTEMPTS} attempts")))
     }
 
     /// Power loss of every running node: see [`Cluster::power_loss_nodes`].
@@ -758,12 +786,7 @@ impl Cluster {
     }
 
     fn any_log_says_address_in_use(&self) -> bool {
-        self.nodes.iter().any(|n| {
-            std::fs::read(&n.log_path).is_ok_and(|bytes| {
-                let text = String::from_utf8_lossy(&bytes).to_lowercase();
-                text.contains("address already in use") || text.contains("addrinuse") || text.contains("os error 98")
-            })
-        })
+        self.nodes.iter().any(|n| log_says_address_in_use(&n.log_path))
     }
 
     fn kill_all_quietly(&mut self) {
@@ -868,6 +891,14 @@ fn layout(options: &ClusterOptions) -> Result<(TempDir, Vec<NodeProcess>, String
         .join(",");
     let proxy = if options.proxy { Some(Proxy::start(proxied, options.seed)?) } else { None };
     Ok((dir, nodes, peers, proxy))
+}
+
+/// Whether a node's log says it could not bind an address already in use.
+fn log_says_address_in_use(log_path: &Path) -> bool {
+    std::fs::read(log_path).is_ok_and(|bytes| {
+        let text = String::from_utf8_lossy(&bytes).to_lowercase();
+        text.contains("address already in use") || text.contains("addrinuse") || text.contains("os error 98")
+    })
 }
 
 /// `count` distinct free ports on `ip`: bound together on port 0 (so the kernel hands out
