@@ -41,6 +41,7 @@ use crate::proxy::Proxy;
 use crate::support::Probe;
 use crate::support::poll_until;
 use crate::tls::TestPki;
+use crate::tls::TlsFiles;
 
 /// How long a node may take from launch to `/readyz` 200.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -126,6 +127,9 @@ pub struct Cluster {
     options: ClusterOptions,
     proxy: Option<Proxy>,
     pki: Option<TestPki>,
+    /// The PEM files of `pki`, written once before the first launch: every launch reads
+    /// them, and rewriting them per launch raced with a node reading them.
+    tls_files: Option<TlsFiles>,
     _serial: OwnedMutexGuard<()>,
 }
 
@@ -173,8 +177,23 @@ impl Cluster {
             Some(pki) => Api::with_ca(&pki.ca_pem)?,
             None => Api::new()?,
         };
-        let mut cluster =
-            Cluster { binary, dir, peers, nodes, api, keep_dir: false, options, proxy, pki, _serial: serial };
+        let tls_files = match &pki {
+            Some(pki) => Some(pki.write(&dir.path().join("tls"))?),
+            None => None,
+        };
+        let mut cluster = Cluster {
+            binary,
+            dir,
+            peers,
+            nodes,
+            api,
+            keep_dir: false,
+            options,
+            proxy,
+            pki,
+            tls_files,
+            _serial: serial,
+        };
         let started = Instant::now();
         for attempt in 1..=START_ATTEMPTS {
             let initial: Vec<u64> = cluster.nodes.iter().filter(|n| !n.joins).map(|n| n.id).collect();
@@ -650,10 +669,7 @@ impl Cluster {
         let options = self.options.clone();
         let join = if self.node(id).joins { Some(self.join_target()?) } else { None };
         let tiered_dir = self.tiered_dir();
-        let tls = match &self.pki {
-            Some(pki) => Some(pki.write(&self.dir.path().join("tls"))?),
-            None => None,
-        };
+        let tls = self.tls_files.clone();
         let node = self.node_mut(id);
         if node.lock_child().is_some() {
             return Err(Error::Check(format!("node {id} is already running")));
