@@ -177,10 +177,7 @@ impl Cluster {
             Some(pki) => Api::with_ca(&pki.ca_pem)?,
             None => Api::new()?,
         };
-        let tls_files = match &pki {
-            Some(pki) => Some(pki.write(&dir.path().join("tls"))?),
-            None => None,
-        };
+        let tls_files = write_tls_files(pki.as_ref(), &dir)?;
         let mut cluster = Cluster {
             binary,
             dir,
@@ -214,6 +211,8 @@ impl Cluster {
                     eprintln!("attempt {attempt}: a port was taken ({e}); retrying with fresh ports");
                     cluster.kill_all_quietly();
                     let (dir, nodes, peers, proxy) = layout(&cluster.options)?;
+                    // The certificate files lived in the old directory, which goes with it.
+                    cluster.tls_files = write_tls_files(cluster.pki.as_ref(), &dir)?;
                     (cluster.dir, cluster.nodes, cluster.peers, cluster.proxy) = (dir, nodes, peers, proxy);
                 }
                 Err(e) => {
@@ -395,9 +394,11 @@ impl Cluster {
                         let _ = child.kill();
                         let _ = child.wait();
                     }
+                    let given: Vec<u16> =
+                        self.nodes.iter().flat_map(|n| [n.http_addr.port(), n.rpc_addr.port()]).collect();
                     let node = self.node_mut(id);
                     let ip = node.rpc_addr.ip();
-                    let ports = reserve_ports(ip, 2)?;
+                    let ports = reserve_ports(ip, 2, &given)?;
                     node.http_addr = SocketAddr::new(ip, ports[0]);
                     node.rpc_addr = SocketAddr::new(ip, ports[1]);
                     node.advertised_rpc_addr = node.rpc_addr;
@@ -872,7 +873,9 @@ fn layout(options: &ClusterOptions) -> Result<(TempDir, Vec<NodeProcess>, String
         } else {
             IpAddr::V4(Ipv4Addr::LOCALHOST)
         };
-        let ports = reserve_ports(ip, 2)?;
+        let given: Vec<u16> =
+            nodes.iter().flat_map(|n: &NodeProcess| [n.http_addr.port(), n.rpc_addr.port()]).collect();
+        let ports = reserve_ports(ip, 2, &given)?;
         let data_dir = dir.path().join(format!("node-{id}"));
         std::fs::create_dir_all(&data_dir).map_err(|e| Error::io(format!("creating {}", data_dir.display()), e))?;
         let rpc_addr = SocketAddr::new(ip, ports[1]);
@@ -909,6 +912,11 @@ fn layout(options: &ClusterOptions) -> Result<(TempDir, Vec<NodeProcess>, String
     Ok((dir, nodes, peers, proxy))
 }
 
+/// Writes the PEM files of `pki`, if any, into `dir`/tls.
+fn write_tls_files(pki: Option<&TestPki>, dir: &TempDir) -> Result<Option<TlsFiles>> {
+    pki.map(|pki| pki.write(&dir.path().join("tls"))).transpose()
+}
+
 /// Whether a node's log says it could not bind an address already in use.
 fn log_says_address_in_use(log_path: &Path) -> bool {
     std::fs::read(log_path).is_ok_and(|bytes| {
@@ -917,17 +925,75 @@ fn log_says_address_in_use(log_path: &Path) -> bool {
     })
 }
 
-/// `count` distinct free ports on `ip`: bound together on port 0 (so the kernel hands out
-/// distinct ones), then released for the nodes to take. Another process can take one in
-/// between; `Cluster::start` retries with fresh ports when a node reports that.
-fn reserve_ports(ip: IpAddr, count: usize) -> Result<Vec<u16>> {
-    let listeners = (0..count)
-        .map(|_| TcpListener::bind(SocketAddr::new(ip, 0)))
-        .collect::<std::io::Result<Vec<_>>>()
-        .map_err(|e| Error::io(format!("binding {ip}:0 to find free ports"), e))?;
+/// Lowest port the harness gives a node.
+const NODE_PORT_LOW: u16 = 10_000;
+/// Random ports tried per reservation before falling back to the kernel's choice.
+const PORT_PICKS_MAX: usize = 500;
+
+/// First port of the kernel's ephemeral range, where outgoing connections get their local
+/// ports (Linux's default when it cannot be read).
+fn ephemeral_port_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
+}
+
+/// `count` distinct free ports on `ip`, none of them in `avoid`: bound together (so they are
+/// distinct and free now), then released for the nodes to take.
+///
+/// They are picked at random below the kernel's ephemeral range: a node restarts on its
+/// port after a kill, and a port in that range could meanwhile be the local port of some
+/// outgoing connection (a client's, another node's), so the restart would fail with
+/// "address in use". Another process can still bind one in between; `Cluster::start` and
+/// `Cluster::start_spare` retry with fresh ports when a node reports that.
+fn reserve_ports(ip: IpAddr, count: usize, avoid: &[u16]) -> Result<Vec<u16>> {
+    use rand::Rng as _;
+    let high = ephemeral_port_start();
+    let mut rng = rand::rng();
+    let mut listeners: Vec<TcpListener> = Vec::with_capacity(count);
+    let mut picks = 0;
+    while listeners.len() < count && picks < PORT_PICKS_MAX && high > NODE_PORT_LOW {
+        picks += 1;
+        let port = rng.random_range(NODE_PORT_LOW..high);
+        let taken = avoid.contains(&port) || listeners.iter().any(|l| l.local_addr().is_ok_and(|a| a.port() == port));
+        if !taken && let Ok(listener) = TcpListener::bind(SocketAddr::new(ip, port)) {
+            listeners.push(listener);
+        }
+    }
+    // A machine whose ephemeral range starts low: let the kernel choose the rest.
+    while listeners.len() < count {
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
+            .map_err(|e| Error::io(format!("binding {ip}:0 to find a free port"), e))?;
+        listeners.push(listener);
+    }
     listeners
         .iter()
         .map(|l| l.local_addr().map(|a| a.port()))
         .collect::<std::io::Result<Vec<_>>>()
         .map_err(|e| Error::io("reading a reserved port", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserved_ports_are_distinct_free_below_the_ephemeral_range_and_avoid_given_ones() -> Result<()> {
+        let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let first = reserve_ports(ip, 2, &[])?;
+        let mut given = first.clone();
+        for _ in 0..20 {
+            let ports = reserve_ports(ip, 2, &given)?;
+            assert_ne!(ports[0], ports[1], "{ports:?}");
+            assert!(ports.iter().all(|p| !given.contains(p)), "{ports:?} reuses one of {given:?}");
+            given.extend(ports);
+        }
+        let high = ephemeral_port_start();
+        assert!(given.iter().all(|p| (NODE_PORT_LOW..high).contains(p)), "{given:?} outside {NODE_PORT_LOW}..{high}");
+        for port in given {
+            TcpListener::bind(SocketAddr::new(ip, port)).map_err(|e| Error::io(format!("binding port {port}"), e))?;
+        }
+        Ok(())
+    }
 }
