@@ -1,19 +1,34 @@
 //! The client gRPC API (`api/proto/logdex.proto`).
 //!
-//! Each call is translated into the equivalent HTTP request and served by the
-//! same in-process router, so routing, forwarding, limits and error codes are
-//! one implementation for both protocols.
+//! `Get` is served from the node directly when it holds a replica of the key's
+//! partition: the same lookup, checks and metrics as `GET /kv/{topic}/{key}`
+//! (`http::lookup`, `Guard::admit_lookup`), without an HTTP request in between.
+//! Every other call, and a `Get` another node must answer, is translated into the
+//! equivalent HTTP request and served by the same in-process router, so routing,
+//! forwarding, limits and error codes are one implementation for both protocols.
+
+use std::time::Instant;
 
 use axum::body::Body;
+use axum::http::Method;
 use axum::http::Request as HttpRequest;
 use axum::http::StatusCode;
 use base64::Engine;
+use logdex_raft::node::ReadMode;
+use logdex_raft::partition::KeyRead;
 use serde_json::Value;
 use serde_json::json;
 use tonic::Request;
 use tonic::Response;
 use tonic::Status;
 use tower::ServiceExt;
+
+use crate::error::ApiError;
+use crate::http::AppState;
+use crate::http::Lookup;
+use crate::http::LookupRequest;
+use crate::middleware::LOOKUP_ROUTE;
+use crate::routing::Hop;
 
 pub mod pb {
     //! Generated from `api/proto/logdex.proto`.
@@ -29,10 +44,12 @@ const ANSWER_BYTES_MAX: usize = 64 * 1024 * 1024;
 
 pub struct Service {
     app: axum::Router,
+    state: AppState,
 }
 
-pub fn server(app: axum::Router) -> LogdexServer<Service> {
-    LogdexServer::new(Service { app })
+/// The client gRPC API over `app`, the HTTP router built on `state`.
+pub fn server(app: axum::Router, state: AppState) -> LogdexServer<Service> {
+    LogdexServer::new(Service { app, state })
 }
 
 fn b64url(bytes: &[u8]) -> String {
@@ -49,11 +66,19 @@ fn unb64(text: &str) -> Result<Vec<u8>, Status> {
         .map_err(|e| Status::internal(format!("undecodable answer: {e}")))
 }
 
-fn read_mode(mode: i32) -> &'static str {
+fn read_mode(mode: i32) -> ReadMode {
     match pb::ReadMode::try_from(mode) {
-        Ok(pb::ReadMode::Strict) => "strict",
-        Ok(pb::ReadMode::Follower) => "follower",
-        _ => "linearizable",
+        Ok(pb::ReadMode::Strict) => ReadMode::Strict,
+        Ok(pb::ReadMode::Follower) => ReadMode::Follower,
+        _ => ReadMode::Linearizable,
+    }
+}
+
+fn read_mode_name(mode: ReadMode) -> &'static str {
+    match mode {
+        ReadMode::Strict => "strict",
+        ReadMode::Follower => "follower",
+        ReadMode::Linearizable => "linearizable",
     }
 }
 
@@ -61,7 +86,25 @@ fn read_mode(mode: i32) -> &'static str {
 fn status_of(code: StatusCode, body: &[u8], headers: &axum::http::HeaderMap) -> Status {
     let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let error_code = v["error"]["code"].as_str().unwrap_or("error");
-    let message = format!("{error_code}: {}", v["error"]["message"].as_str().unwrap_or(""));
+    let message = v["error"]["message"].as_str().unwrap_or("");
+    let redirect = headers.get("x-kv-redirect").and_then(|v| v.to_str().ok());
+    status_with(code, error_code, message, redirect)
+}
+
+/// Maps an error of this node's own answer to a gRPC status, as [`status_of`] maps the same
+/// error answered over HTTP.
+fn status_of_error(e: &ApiError) -> Status {
+    let redirect = match e {
+        ApiError::Misdirected { redirect, .. } => redirect.as_deref(),
+        _ => None,
+    };
+    status_with(e.status(), e.code(), &e.to_string(), redirect)
+}
+
+/// A gRPC status for an HTTP status, with the stable error code in the message and the
+/// redirect, if any, in the `x-kv-redirect` metadata.
+fn status_with(code: StatusCode, error_code: &str, message: &str, redirect: Option<&str>) -> Status {
+    let message = format!("{error_code}: {message}");
     let mut status = match code {
         StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => Status::invalid_argument(message),
         StatusCode::NOT_FOUND => Status::not_found(message),
@@ -75,7 +118,7 @@ fn status_of(code: StatusCode, body: &[u8], headers: &axum::http::HeaderMap) -> 
         _ if error_code == "corrupt_data" => Status::data_loss(message),
         _ => Status::internal(message),
     };
-    if let Some(redirect) = headers.get("x-kv-redirect").and_then(|v| v.to_str().ok())
+    if let Some(redirect) = redirect
         && let Ok(v) = redirect.parse()
     {
         status.metadata_mut().insert("x-kv-redirect", v);
@@ -128,6 +171,37 @@ impl Service {
             offset: v["offset"].as_u64().unwrap_or(0),
         }))
     }
+
+    /// A `Get` another node answers: through the router, which forwards it or answers 421.
+    async fn get_through_router(
+        &self,
+        r: pb::GetRequest,
+        auth: Option<String>,
+    ) -> Result<Response<pb::GetResponse>, Status> {
+        let mode = read_mode_name(read_mode(r.read));
+        let mut uri = format!("/kv/{}/{}?key_encoding=base64url&read={mode}", r.topic, b64url(&r.key));
+        if let Some(p) = r.partition {
+            uri.push_str(&format!("&partition={p}"));
+        }
+        if let Some(m) = r.min_offset {
+            uri.push_str(&format!("&min_offset={m}"));
+        }
+        let a = self.call("GET", uri, Vec::new(), auth).await?;
+        let found = a.status == StatusCode::OK;
+        let key_not_found = a.status == StatusCode::NOT_FOUND && a.headers.contains_key("x-kv-partition");
+        if !found && !key_not_found {
+            return Err(status_of(a.status, &a.body, &a.headers));
+        }
+        Ok(Response::new(pb::GetResponse {
+            found,
+            value: if found { a.body.to_vec() } else { Vec::new() },
+            partition: header_u64(&a.headers, "x-kv-partition") as u32,
+            offset: header_u64(&a.headers, "x-kv-offset"),
+            high_watermark: header_u64(&a.headers, "x-kv-high-watermark"),
+            node: header_u64(&a.headers, "x-kv-node"),
+            timestamp_ms: header_u64(&a.headers, "x-kv-timestamp") as i64,
+        }))
+    }
 }
 
 fn authorization<T>(request: &Request<T>) -> Option<String> {
@@ -153,30 +227,49 @@ impl Logdex for Service {
     }
 
     async fn get(&self, request: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {
+        let started = Instant::now();
         let auth = authorization(&request);
+        let client = request.remote_addr().map(|a| a.ip());
         let r = request.into_inner();
-        let mut uri = format!("/kv/{}/{}?key_encoding=base64url&read={}", r.topic, b64url(&r.key), read_mode(r.read));
-        if let Some(p) = r.partition {
-            uri.push_str(&format!("&partition={p}"));
+        let s = &self.state;
+        let looked_up = async {
+            let _slot = s.guard.admit_lookup(auth.as_deref(), client)?;
+            let request = LookupRequest {
+                topic: crate::http::topic(s, &r.topic)?,
+                key: &r.key,
+                mode: read_mode(r.read),
+                partition: r.partition,
+                min_offset: r.min_offset,
+                hop: Hop { forwarded: false, forward: s.forward_default },
+            };
+            crate::http::lookup(s, request).await
         }
-        if let Some(m) = r.min_offset {
-            uri.push_str(&format!("&min_offset={m}"));
-        }
-        let a = self.call("GET", uri, Vec::new(), auth).await?;
-        let found = a.status == StatusCode::OK;
-        let key_not_found = a.status == StatusCode::NOT_FOUND && a.headers.contains_key("x-kv-partition");
-        if !found && !key_not_found {
-            return Err(status_of(a.status, &a.body, &a.headers));
-        }
-        Ok(Response::new(pb::GetResponse {
-            found,
-            value: if found { a.body.to_vec() } else { Vec::new() },
-            partition: header_u64(&a.headers, "x-kv-partition") as u32,
-            offset: header_u64(&a.headers, "x-kv-offset"),
-            high_watermark: header_u64(&a.headers, "x-kv-high-watermark"),
-            node: header_u64(&a.headers, "x-kv-node"),
-            timestamp_ms: header_u64(&a.headers, "x-kv-timestamp") as i64,
-        }))
+        .await;
+        let node = s.router.node.node_id();
+        let answer = match looked_up {
+            Ok(Lookup::Elsewhere { .. }) => return self.get_through_router(r, auth).await,
+            Ok(Lookup::Here { partition, high_watermark, read }) => match read {
+                KeyRead::Found { offset, record } => Ok(pb::GetResponse {
+                    found: true,
+                    value: record.value.unwrap_or_default(),
+                    partition,
+                    offset,
+                    high_watermark,
+                    node,
+                    timestamp_ms: record.timestamp_ms,
+                }),
+                KeyRead::NotFound => Ok(pb::GetResponse { partition, high_watermark, node, ..Default::default() }),
+                KeyRead::Evicted { offset } => Err(ApiError::Gone(offset)),
+            },
+            Err(e) => Err(e),
+        };
+        let status = match &answer {
+            Ok(a) if a.found => StatusCode::OK,
+            Ok(_) => StatusCode::NOT_FOUND,
+            Err(e) => e.status(),
+        };
+        s.guard.metrics.observe(&Method::GET, LOOKUP_ROUTE, status, started.elapsed());
+        answer.map(Response::new).map_err(|e| status_of_error(&e))
     }
 
     async fn produce(&self, request: Request<pb::ProduceRequest>) -> Result<Response<pb::ProduceResponse>, Status> {
@@ -227,7 +320,7 @@ impl Logdex for Service {
             r.topic,
             r.partition,
             r.offset,
-            read_mode(r.read)
+            read_mode_name(read_mode(r.read))
         );
         let a = self.call("GET", uri, Vec::new(), auth).await?;
         if !a.status.is_success() {

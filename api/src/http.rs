@@ -67,7 +67,6 @@ impl Default for Limits {
     }
 }
 
-/// Body of `GET /bench/noop`: the benchmark's floor, a round trip with no work.
 // Response headers of produce and lookup answers (parsed once, not per request).
 const X_KV_PARTITION: HeaderName = HeaderName::from_static("x-kv-partition");
 const X_KV_OFFSET: HeaderName = HeaderName::from_static("x-kv-offset");
@@ -75,6 +74,7 @@ const X_KV_HIGH_WATERMARK: HeaderName = HeaderName::from_static("x-kv-high-water
 const X_KV_NODE: HeaderName = HeaderName::from_static("x-kv-node");
 const X_KV_TIMESTAMP: HeaderName = HeaderName::from_static("x-kv-timestamp");
 
+/// Body of `GET /bench/noop`: the benchmark's floor, a round trip with no work.
 const NOOP_BODY: &[u8; 100] = &[b'x'; 100];
 
 #[derive(Clone)]
@@ -107,8 +107,8 @@ pub fn app(state: AppState) -> AxumRouter {
         .route("/topics/{topic}/records", post(produce_records))
         .route("/topics/{topic}/partitions/{partition}/records", get(fetch_records))
         .route("/topics/{topic}/partitions/{partition}/replicas", axum::routing::put(move_partition))
-        .route("/kv/{topic}/{*key}", get(get_key).put(put_key).delete(delete_key))
-        .route("/kv/{topic}/", axum::routing::any(|| async { ApiError::bad("invalid_key", "the key is empty") }))
+        .route(crate::middleware::LOOKUP_ROUTE, get(get_key).put(put_key).delete(delete_key))
+        .route("/kv/{topic}/", axum::routing::any(|| async { empty_key() }))
         .route("/cluster", get(cluster))
         .route("/healthz", get(|| async { "ok" }))
         .route("/bench/noop", get(|| async { NOOP_BODY }))
@@ -216,7 +216,7 @@ async fn list_topics(State(s): State<AppState>) -> Json<Value> {
     Json(json!({ "topics": names }))
 }
 
-fn topic(s: &AppState, name: &str) -> Result<Arc<TopicRecord>, ApiError> {
+pub(crate) fn topic(s: &AppState, name: &str) -> Result<Arc<TopicRecord>, ApiError> {
     s.router.node.cluster().topics.get(name).cloned().ok_or_else(|| ApiError::TopicNotFound(name.to_string()))
 }
 
@@ -424,9 +424,9 @@ fn percent_decode(s: &str) -> Result<Vec<u8>, ApiError> {
     Ok(out)
 }
 
-fn partition_of<'a>(t: &'a TopicRecord, q: &CommonQuery, key: &[u8]) -> Result<&'a PartitionRecord, ApiError> {
+fn partition_of<'a>(t: &'a TopicRecord, partition: Option<u32>, key: &[u8]) -> Result<&'a PartitionRecord, ApiError> {
     let n = t.partitions.len() as u32;
-    let p = match q.partition {
+    let p = match partition {
         Some(p) if p < n => p,
         Some(p) => {
             return Err(ApiError::bad(
@@ -523,7 +523,7 @@ async fn write_key(
     if value.as_ref().is_some_and(|v| v.len() > s.limits.value_bytes_max) {
         return Err(ApiError::TooLarge(format!("value exceeds {} bytes", s.limits.value_bytes_max)));
     }
-    let p = partition_of(&t, &q, &key)?;
+    let p = partition_of(&t, q.partition, &key)?;
     let record = Record { timestamp_ms: now_ms(), key: Some(key), value, headers: Vec::new() };
     let hop = hop(&s, &headers, &q);
     let offset = produce_to(&s, p, vec![record], hop, &uri).await?;
@@ -665,6 +665,66 @@ fn healthy_replica(s: &AppState, record: &PartitionRecord, hosted: &logdex_raft:
         .or_else(|| record.replicas.iter().map(|r| r.node_id).find(|n| *n != me))
 }
 
+fn empty_key() -> ApiError {
+    ApiError::bad("invalid_key", "the key is empty")
+}
+
+/// A key lookup, as the HTTP and the gRPC API ask it.
+pub(crate) struct LookupRequest<'a> {
+    pub topic: Arc<TopicRecord>,
+    pub key: &'a [u8],
+    pub mode: ReadMode,
+    pub partition: Option<u32>,
+    pub min_offset: Option<u64>,
+    pub hop: Hop,
+}
+
+/// Where a lookup was answered.
+pub(crate) enum Lookup {
+    /// By this node's replica of the partition, as of its high watermark.
+    Here { partition: u32, high_watermark: u64, read: KeyRead },
+    /// By node `target`: this node holds no replica of the partition, or its copy of the
+    /// record is damaged. The caller forwards the request there or answers 421.
+    Elsewhere { target: u64 },
+}
+
+/// Looks a key up on this node's replica of its partition (the read barrier of `mode`
+/// first), or says which node to ask.
+pub(crate) async fn lookup(s: &AppState, r: LookupRequest<'_>) -> Result<Lookup, ApiError> {
+    if r.key.is_empty() {
+        return Err(empty_key());
+    }
+    if r.key.len() > s.limits.key_bytes_max {
+        return Err(ApiError::TooLarge(format!("key exceeds {} bytes", s.limits.key_bytes_max)));
+    }
+    let p = partition_of(&r.topic, r.partition, r.key)?;
+    if r.topic.config.get("kv.index.enabled").map(String::as_str) == Some("false") {
+        return Err(ApiError::TopicNotIndexed(r.topic.name.clone()));
+    }
+    let Some(hosted) = s.router.node.group(p.group_id) else {
+        return Ok(Lookup::Elsewhere { target: read_target(s, p).await? });
+    };
+    if let Some(min) = r.min_offset {
+        let wait = s.limits.min_offset_wait_max.min(Duration::from_secs(1));
+        s.router
+            .node
+            .wait_high_watermark(&hosted, min, wait)
+            .await
+            .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    }
+    match s.router.node.read_key(p.group_id, r.key, r.mode).await {
+        Ok((read, high_watermark)) => Ok(Lookup::Here { partition: p.partition, high_watermark, read }),
+        // This replica's copy of the record is damaged: another replica answers, once
+        // (a forwarded request, or `forward=false`, gets the 500 `corrupt_data`).
+        Err(e) if e.is_corrupt_data() && r.hop.forward && !r.hop.forwarded => {
+            let Some(target) = healthy_replica(s, p, &hosted) else { return Err(e.into()) };
+            tracing::warn!(group = p.group_id, error = %e, target, "lookup of a damaged record forwarded to another replica");
+            Ok(Lookup::Elsewhere { target })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// `GET /kv/{topic}/{key}`. Takes the whole request so its URI and headers are borrowed,
 /// not copied (this is the hot read path).
 async fn get_key(
@@ -678,41 +738,18 @@ async fn get_key(
     let t = topic(&s, &topic_name)?;
     let mode = read_mode(&q)?;
     let key = key_from_uri(uri, q.key_encoding.as_deref())?;
-    if key.len() > s.limits.key_bytes_max {
-        return Err(ApiError::TooLarge(format!("key exceeds {} bytes", s.limits.key_bytes_max)));
-    }
-    let p = partition_of(&t, &q, &key)?;
-    if t.config.get("kv.index.enabled").map(String::as_str) == Some("false") {
-        return Err(ApiError::TopicNotIndexed(topic_name));
-    }
     let hop = hop(&s, headers, &q);
-    let Some(hosted) = s.router.node.group(p.group_id) else {
-        let target = read_target(&s, p).await?;
-        return s.router.redirect(target, hop, Method::GET, &path_and_query(uri), headers, Bytes::new()).await;
-    };
-    if let Some(min) = q.min_offset {
-        let wait = s.limits.min_offset_wait_max.min(Duration::from_secs(1));
-        s.router
-            .node
-            .wait_high_watermark(&hosted, min, wait)
-            .await
-            .map_err(|e| ApiError::Unavailable(e.to_string()))?;
-    }
-    let (read, hw) = match s.router.node.read_key(p.group_id, &key, mode).await {
-        Ok(answer) => answer,
-        // This replica's copy of the record is damaged: another replica answers, once
-        // (a forwarded request, or `forward=false`, gets the 500 `corrupt_data`).
-        Err(e) if e.is_corrupt_data() && hop.forward && !hop.forwarded => {
-            let Some(target) = healthy_replica(&s, p, &hosted) else { return Err(e.into()) };
-            tracing::warn!(group = p.group_id, error = %e, target, "lookup of a damaged record forwarded to another replica");
+    let request = LookupRequest { topic: t, key: &key, mode, partition: q.partition, min_offset: q.min_offset, hop };
+    let (partition, hw, read) = match lookup(&s, request).await? {
+        Lookup::Here { partition, high_watermark, read } => (partition, high_watermark, read),
+        Lookup::Elsewhere { target } => {
             return s.router.redirect(target, hop, Method::GET, &path_and_query(uri), headers, Bytes::new()).await;
         }
-        Err(e) => return Err(e.into()),
     };
     let node_id = s.router.node.node_id();
     let meta = |resp: &mut Response| {
         let h = resp.headers_mut();
-        h.insert(X_KV_PARTITION, HeaderValue::from(p.partition));
+        h.insert(X_KV_PARTITION, HeaderValue::from(partition));
         h.insert(X_KV_HIGH_WATERMARK, HeaderValue::from(hw));
         h.insert(X_KV_NODE, HeaderValue::from(node_id));
     };

@@ -57,8 +57,8 @@ pub async fn guard(State(g): State<Arc<Guard>>, request: Request, next: Next) ->
     let method = request.method().clone();
     let response = match admit(&g, &request, &route) {
         Err(e) => e.into_response(),
-        Ok(()) => match g.in_flight.try_acquire() {
-            Err(_) => ApiError::Unavailable("too many requests in flight on this node".into()).into_response(),
+        Ok(()) => match g.in_flight_slot() {
+            Err(e) => e.into_response(),
             Ok(_permit) => next.run(request).await,
         },
     };
@@ -67,28 +67,62 @@ pub async fn guard(State(g): State<Arc<Guard>>, request: Request, next: Next) ->
     response
 }
 
+/// The route of key lookups, as requests and metrics name it.
+pub const LOOKUP_ROUTE: &str = "/kv/{topic}/{*key}";
+
 fn admit(g: &Guard, request: &Request, route: &str) -> Result<(), ApiError> {
     let open = matches!(route, "/healthz" | "/readyz" | "/metrics");
-    if let (Some(token), false) = (&g.token, open) {
-        let given = request
-            .headers()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if !given.is_some_and(|t| constant_time_eq(t.as_bytes(), token.as_bytes())) {
-            return Err(ApiError::Unauthorized);
-        }
+    if !open {
+        g.check_token(request.headers().get("authorization").and_then(|v| v.to_str().ok()))?;
     }
-    if let Some(limiter) = &g.lookup_rate {
-        let forwarded = request.headers().contains_key(crate::routing::FORWARDED_HEADER);
-        if route == "/kv/{topic}/{*key}" && request.method() == axum::http::Method::GET && !forwarded {
-            let ip = request.extensions().get::<ConnectInfo<crate::tls::ClientAddr>>().map(|c| c.0.0.ip());
-            if let Some(ip) = ip {
-                limiter.check(ip)?;
-            }
-        }
+    let forwarded = request.headers().contains_key(crate::routing::FORWARDED_HEADER);
+    if route == LOOKUP_ROUTE && request.method() == axum::http::Method::GET && !forwarded {
+        let ip = request.extensions().get::<ConnectInfo<crate::tls::ClientAddr>>().map(|c| c.0.0.ip());
+        g.check_lookup_rate(ip)?;
     }
     Ok(())
+}
+
+impl Guard {
+    /// The bearer token, when one is required: `authorization` is the request's
+    /// `Authorization` header.
+    fn check_token(&self, authorization: Option<&str>) -> Result<(), ApiError> {
+        let Some(token) = &self.token else { return Ok(()) };
+        let given = authorization.and_then(|v| v.strip_prefix("Bearer "));
+        if given.is_some_and(|t| constant_time_eq(t.as_bytes(), token.as_bytes())) {
+            Ok(())
+        } else {
+            Err(ApiError::Unauthorized)
+        }
+    }
+
+    /// The per-client lookup rate, when limited (a client whose address is unknown is not).
+    fn check_lookup_rate(&self, client: Option<IpAddr>) -> Result<(), ApiError> {
+        match (&self.lookup_rate, client) {
+            (Some(limiter), Some(ip)) => limiter.check(ip),
+            _ => Ok(()),
+        }
+    }
+
+    /// What [`guard`] checks before a key lookup, for one that does not go through the HTTP
+    /// router (the gRPC `Get`): the bearer token, the client's lookup rate and the in-flight
+    /// bound. The permit holds the request's place until it is dropped.
+    pub fn admit_lookup(
+        &self,
+        authorization: Option<&str>,
+        client: Option<IpAddr>,
+    ) -> Result<tokio::sync::SemaphorePermit<'_>, ApiError> {
+        self.check_token(authorization)?;
+        self.check_lookup_rate(client)?;
+        self.in_flight_slot()
+    }
+
+    /// A place among the requests in flight, or 503 when all are taken.
+    fn in_flight_slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, ApiError> {
+        self.in_flight
+            .try_acquire()
+            .map_err(|_| ApiError::Unavailable("too many requests in flight on this node".into()))
+    }
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -169,7 +203,7 @@ struct Series {
 }
 
 impl Metrics {
-    fn observe(&self, method: &axum::http::Method, route: &str, status: StatusCode, elapsed: Duration) {
+    pub fn observe(&self, method: &axum::http::Method, route: &str, status: StatusCode, elapsed: Duration) {
         let secs = elapsed.as_secs_f64();
         let mut series = self.series.lock().unwrap_or_else(|e| e.into_inner());
         let s = series.entry((method.to_string(), route.to_string(), status.as_u16())).or_default();

@@ -256,9 +256,9 @@ pub async fn start(args: ServeArgs) -> Result<RunningNode, String> {
     let guard = crate::middleware::Guard::new(token, args.requests_in_flight_max.max(1), args.lookup_rate_limit);
     let router = Router::new(node.clone(), tls.as_ref()).map_err(|e| e.to_string())?;
     let state = AppState::new(router, args.forward, Limits::default(), guard);
-    let app = crate::http::app(state);
+    let app = crate::http::app(state.clone());
     let rpc = logdex_raft::service::server(node.clone());
-    let client_api = crate::grpc::server(app.clone());
+    let client_api = crate::grpc::server(app.clone(), state);
     let mut rpc_stop = stop_rx.clone();
     let mut rpc_server = tonic::transport::Server::builder().tcp_nodelay(true);
     if let Some(tls) = &tls {

@@ -86,3 +86,129 @@ async fn grpc_produce_then_fetch_returns_records_in_order() -> TestResult {
     node.shutdown().await;
     Ok(())
 }
+
+fn get_request(topic: &str, key: &[u8]) -> pb::GetRequest {
+    pb::GetRequest { topic: topic.into(), key: key.to_vec(), read: 0, partition: None, min_offset: None }
+}
+
+fn header_u64(response: &reqwest::Response, name: &str) -> TestResult<u64> {
+    let value = response.headers().get(name).ok_or_else(|| format!("no {name} header"))?;
+    Ok(value.to_str()?.parse()?)
+}
+
+/// The count of the request series `method`, lookup route and `status` in `/metrics`.
+async fn lookups_counted(url: &str, status: u16) -> TestResult<u64> {
+    let text = reqwest::get(format!("{url}/metrics")).await?.text().await?;
+    let series = format!(
+        "logdex_http_request_duration_seconds_count{{method=\"GET\",route=\"/kv/{{topic}}/{{*key}}\",status=\"{status}\"}} "
+    );
+    Ok(text.lines().find_map(|l| l.strip_prefix(&series)).map_or(Ok(0), str::parse)?)
+}
+
+/// A gRPC `Get` answers what `GET /kv/{topic}/{key}` answers: value, partition, offset, high
+/// watermark, node and timestamp of a found key; partition, high watermark and node of a
+/// missing one; the same error codes for bad input; and it is counted in the lookup route's
+/// request metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_get_answers_what_the_http_lookup_answers() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (node, url) = common::start_node(dir.path(), &[]).await?;
+    let http = reqwest::Client::new();
+    let created = http.post(format!("{url}/topics")).body(r#"{"name":"t","partitions":3,"replication_factor":1}"#);
+    assert!(created.send().await?.status().is_success());
+    let put = http.put(format!("{url}/kv/t/alice")).body("hello").send().await?;
+    assert_eq!(put.status(), 200);
+    let counted_before = (lookups_counted(&url, 200).await?, lookups_counted(&url, 404).await?);
+    let mut client = LogdexClient::connect(format!("http://{}", node.rpc_addr)).await?;
+
+    let over_http = http.get(format!("{url}/kv/t/alice")).send().await?;
+    assert_eq!(over_http.status(), 200);
+    let got = client.get(get_request("t", b"alice")).await?.into_inner();
+    assert!(got.found);
+    assert_eq!(got.partition as u64, header_u64(&over_http, "x-kv-partition")?);
+    assert_eq!(got.offset, header_u64(&over_http, "x-kv-offset")?);
+    assert_eq!(got.high_watermark, header_u64(&over_http, "x-kv-high-watermark")?);
+    assert_eq!(got.node, header_u64(&over_http, "x-kv-node")?);
+    assert_eq!(got.timestamp_ms as u64, header_u64(&over_http, "x-kv-timestamp")?);
+    assert_eq!(got.value, over_http.bytes().await?.to_vec());
+    assert_eq!(got.value, b"hello");
+
+    let missing_http = http.get(format!("{url}/kv/t/nobody")).send().await?;
+    assert_eq!(missing_http.status(), 404);
+    let missing = client.get(get_request("t", b"nobody")).await?.into_inner();
+    assert!(!missing.found);
+    assert!(missing.value.is_empty());
+    assert_eq!(missing.partition as u64, header_u64(&missing_http, "x-kv-partition")?);
+    assert_eq!(missing.high_watermark, header_u64(&missing_http, "x-kv-high-watermark")?);
+    assert_eq!(missing.node, header_u64(&missing_http, "x-kv-node")?);
+
+    let refused = [
+        (get_request("t", b""), tonic::Code::InvalidArgument, "invalid_key"),
+        (get_request("t", &vec![b'k'; 16 * 1024 + 1]), tonic::Code::InvalidArgument, "too_large"),
+        (
+            pb::GetRequest { partition: Some(3), ..get_request("t", b"alice") },
+            tonic::Code::InvalidArgument,
+            "invalid_partition",
+        ),
+    ];
+    for (request, code, error_code) in refused {
+        let status = client.get(request).await.err().ok_or("bad input answered")?;
+        assert_eq!(status.code(), code, "{status:?}");
+        assert!(status.message().starts_with(error_code), "{}", status.message());
+    }
+
+    // One found and one missing lookup over HTTP, the same over gRPC.
+    let counted_after = (lookups_counted(&url, 200).await?, lookups_counted(&url, 404).await?);
+    assert_eq!(counted_after, (counted_before.0 + 2, counted_before.1 + 2));
+    node.shutdown().await;
+    Ok(())
+}
+
+/// A gRPC `Get` on a node without a replica of the key's partition goes where the HTTP
+/// lookup goes: forwarded to a node that has one, or, with `--forward=false`,
+/// FAILED_PRECONDITION (`misdirected`) with that node's URL in the `x-kv-redirect` metadata.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_get_of_a_partition_hosted_elsewhere_is_forwarded_or_redirected() -> TestResult {
+    let (dir_1, dir_2) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let (node_1, url_1) = common::start_node(dir_1.path(), &["--node-id", "1"]).await?;
+    let join = node_1.rpc_addr.to_string();
+    let (node_2, _url_2) =
+        common::start_node(dir_2.path(), &["--node-id", "2", "--join", &join, "--forward=false"]).await?;
+    let http = reqwest::Client::new();
+    let created = http.post(format!("{url_1}/topics")).body(r#"{"name":"t","partitions":4,"replication_factor":1}"#);
+    assert!(created.send().await?.status().is_success());
+    let described: serde_json::Value = http.get(format!("{url_1}/topics/t")).send().await?.json().await?;
+    let host_of = |node: u64| {
+        described["partitions"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["replicas"][0] == node))
+            .and_then(|p| p["partition"].as_u64())
+            .map(|p| p as u32)
+            .ok_or_else(|| format!("no partition on node {node}: {described}"))
+    };
+    let (on_1, on_2) = (host_of(1)?, host_of(2)?);
+    for (partition, key) in [(on_1, "one"), (on_2, "two")] {
+        let put = http.put(format!("{url_1}/kv/t/{key}?partition={partition}")).body(key).send().await?;
+        assert_eq!(put.status(), 200, "put {key}");
+    }
+
+    let mut client_1 = LogdexClient::connect(format!("http://{}", node_1.rpc_addr)).await?;
+    let request = pb::GetRequest { partition: Some(on_2), ..get_request("t", b"two") };
+    let forwarded = client_1.get(request).await?.into_inner();
+    assert!(forwarded.found);
+    assert_eq!((forwarded.value.as_slice(), forwarded.partition, forwarded.node), (&b"two"[..], on_2, 2));
+
+    let mut client_2 = LogdexClient::connect(format!("http://{}", node_2.rpc_addr)).await?;
+    let request = pb::GetRequest { partition: Some(on_1), ..get_request("t", b"one") };
+    let status = client_2.get(request).await.err().ok_or("node 2 answered for a partition it does not hold")?;
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().starts_with("misdirected"), "{}", status.message());
+    let redirect = status.metadata().get("x-kv-redirect").ok_or("no x-kv-redirect")?.to_str()?.to_string();
+    assert!(redirect.starts_with(&url_1), "{redirect} is not on node 1 ({url_1})");
+    let here = client_2.get(pb::GetRequest { partition: Some(on_2), ..get_request("t", b"two") }).await?;
+    assert_eq!(here.get_ref().node, 2);
+    drop((client_1, client_2));
+    node_2.shutdown().await;
+    node_1.shutdown().await;
+    Ok(())
+}

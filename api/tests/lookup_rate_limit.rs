@@ -1,5 +1,6 @@
 //! `--lookup-rate-limit`: lookups beyond the per-client rate answer 429 (`rate_limited`,
-//! `Retry-After`), other requests are not limited, and the client's budget refills.
+//! `Retry-After`), other requests are not limited, and the client's budget refills; gRPC
+//! `Get`s draw on the same budget (RESOURCE_EXHAUSTED).
 
 mod common;
 
@@ -7,6 +8,8 @@ use std::time::Duration;
 
 use common::TestResult;
 use common::start_node;
+use logdex_api::grpc::pb;
+use logdex_api::grpc::pb::logdex_client::LogdexClient;
 
 const RATE: u32 = 5;
 
@@ -50,6 +53,32 @@ async fn lookups_beyond_the_per_client_rate_answer_429_and_writes_are_not_limite
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let again = http.get(format!("{url}/kv/limited/k0")).send().await?;
     assert_eq!(again.status(), 200);
+
+    // gRPC `Get`s draw on the same per-client budget: RESOURCE_EXHAUSTED past it.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut client = LogdexClient::connect(format!("http://{}", node.rpc_addr)).await?;
+    let mut codes = Vec::new();
+    for i in 0..4 * RATE {
+        let request = pb::GetRequest {
+            topic: "limited".into(),
+            key: format!("k{}", i % RATE).into_bytes(),
+            read: 0,
+            partition: None,
+            min_offset: None,
+        };
+        codes.push(match client.get(request).await {
+            Ok(got) if got.get_ref().found => tonic::Code::Ok,
+            Ok(_) => return Err("a written key was not found over gRPC".into()),
+            Err(status) => {
+                assert!(status.message().starts_with("rate_limited"), "{}", status.message());
+                status.code()
+            }
+        });
+    }
+    let ok = codes.iter().filter(|c| **c == tonic::Code::Ok).count();
+    assert!(ok >= RATE as usize, "the bucket starts full: {codes:?}");
+    assert!(ok < codes.len(), "gRPC lookups past the rate are refused: {codes:?}");
+    assert!(codes.iter().all(|c| matches!(c, tonic::Code::Ok | tonic::Code::ResourceExhausted)), "{codes:?}");
     node.shutdown().await;
     Ok(())
 }

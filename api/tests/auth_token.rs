@@ -1,0 +1,66 @@
+//! `--auth-token-file`: every HTTP request but the health, readiness and metrics endpoints,
+//! and every client gRPC call, needs `Authorization: Bearer <token>`; without it, or with
+//! another token, 401 `unauthorized` (gRPC: UNAUTHENTICATED).
+
+mod common;
+
+use common::TestResult;
+use common::start_node;
+use logdex_api::grpc::pb;
+use logdex_api::grpc::pb::logdex_client::LogdexClient;
+
+const TOKEN: &str = "s3cret-token";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_without_the_bearer_token_answer_401_over_http_and_grpc() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n"))?;
+    let data_dir = dir.path().join("data");
+    let token_arg = token_file.display().to_string();
+    let (node, url) = start_node(&data_dir, &["--auth-token-file", &token_arg]).await?;
+    let http = reqwest::Client::new();
+    let bearer = format!("Bearer {TOKEN}");
+
+    let topic = r#"{"name":"t","partitions":1,"replication_factor":1}"#;
+    let anonymous = http.post(format!("{url}/topics")).body(topic).send().await?;
+    assert_eq!(anonymous.status(), 401);
+    let body: serde_json::Value = anonymous.json().await?;
+    assert_eq!(body["error"]["code"], "unauthorized", "{body}");
+    let created = http.post(format!("{url}/topics")).header("authorization", &bearer).body(topic).send().await?;
+    assert_eq!(created.status(), 201);
+    let put = http.put(format!("{url}/kv/t/k")).header("authorization", &bearer).body("v").send().await?;
+    assert_eq!(put.status(), 200);
+
+    for (authorization, status) in [(None, 401), (Some("Bearer wrong"), 401), (Some(TOKEN), 401), (Some(&*bearer), 200)]
+    {
+        let mut get = http.get(format!("{url}/kv/t/k"));
+        if let Some(a) = authorization {
+            get = get.header("authorization", a);
+        }
+        assert_eq!(get.send().await?.status(), status, "lookup with authorization {authorization:?}");
+    }
+    for open in ["healthz", "readyz", "metrics"] {
+        assert_eq!(http.get(format!("{url}/{open}")).send().await?.status(), 200, "/{open} without a token");
+    }
+
+    let mut client = LogdexClient::connect(format!("http://{}", node.rpc_addr)).await?;
+    let get = || pb::GetRequest { topic: "t".into(), key: b"k".to_vec(), read: 0, partition: None, min_offset: None };
+    let refused = client.get(get()).await.err().ok_or("a gRPC Get without a token answered")?;
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    assert!(refused.message().starts_with("unauthorized"), "{}", refused.message());
+    let put = pb::PutRequest { topic: "t".into(), key: b"k".to_vec(), value: b"w".to_vec(), partition: None };
+    let refused = client.put(put.clone()).await.err().ok_or("a gRPC Put without a token answered")?;
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+
+    let mut with_token = tonic::Request::new(put);
+    with_token.metadata_mut().insert("authorization", bearer.parse()?);
+    client.put(with_token).await?;
+    let mut with_token = tonic::Request::new(get());
+    with_token.metadata_mut().insert("authorization", bearer.parse()?);
+    let got = client.get(with_token).await?.into_inner();
+    assert!(got.found);
+    assert_eq!(got.value, b"w");
+    node.shutdown().await;
+    Ok(())
+}
