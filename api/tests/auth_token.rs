@@ -14,10 +14,8 @@ const TOKEN: &str = "s3cret-token";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_without_the_bearer_token_answer_401_over_http_and_grpc() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, format!("{TOKEN}\n"))?;
+    let token_arg = common::token_file(dir.path(), "token", TOKEN)?;
     let data_dir = dir.path().join("data");
-    let token_arg = token_file.display().to_string();
     let (node, url) = start_node(&data_dir, &["--auth-token-file", &token_arg]).await?;
     let http = reqwest::Client::new();
     let bearer = format!("Bearer {TOKEN}");

@@ -16,9 +16,7 @@ const TOKEN: &str = "node-to-node-secret";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_to_node_rpc_needs_the_token_and_nodes_sharing_it_replicate() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let token_file = dir.path().join("rpc-token");
-    std::fs::write(&token_file, format!("{TOKEN}\n"))?;
-    let token_arg = token_file.display().to_string();
+    let token_arg = common::token_file(dir.path(), "rpc-token", TOKEN)?;
     let (node_1, url_1) =
         start_node(&dir.path().join("n1"), &["--node-id", "1", "--rpc-token-file", &token_arg]).await?;
     let join = node_1.rpc_addr.to_string();

@@ -28,3 +28,12 @@ pub async fn start_node(dir: &std::path::Path, extra: &[&str]) -> TestResult<(Ru
     }
     Err("node never became ready".into())
 }
+
+/// Writes `token` as a token file (`--auth-token-file`, `--rpc-token-file`) named `name` in
+/// `dir`, and returns its path as a flag value.
+#[allow(dead_code)] // Not every test binary that includes this module uses it.
+pub fn token_file(dir: &std::path::Path, name: &str, token: &str) -> TestResult<String> {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("{token}\n"))?;
+    Ok(path.display().to_string())
+}
