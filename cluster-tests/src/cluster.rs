@@ -394,8 +394,7 @@ impl Cluster {
                         let _ = child.kill();
                         let _ = child.wait();
                     }
-                    let given: Vec<u16> =
-                        self.nodes.iter().flat_map(|n| [n.http_addr.port(), n.rpc_addr.port()]).collect();
+                    let given = ports_in_use(&self.nodes);
                     let node = self.node_mut(id);
                     let ip = node.rpc_addr.ip();
                     let ports = reserve_ports(ip, 2, &given)?;
@@ -873,9 +872,7 @@ fn layout(options: &ClusterOptions) -> Result<(TempDir, Vec<NodeProcess>, String
         } else {
             IpAddr::V4(Ipv4Addr::LOCALHOST)
         };
-        let given: Vec<u16> =
-            nodes.iter().flat_map(|n: &NodeProcess| [n.http_addr.port(), n.rpc_addr.port()]).collect();
-        let ports = reserve_ports(ip, 2, &given)?;
+        let ports = reserve_ports(ip, 2, &ports_in_use(&nodes))?;
         let data_dir = dir.path().join(format!("node-{id}"));
         std::fs::create_dir_all(&data_dir).map_err(|e| Error::io(format!("creating {}", data_dir.display()), e))?;
         let rpc_addr = SocketAddr::new(ip, ports[1]);
@@ -910,6 +907,11 @@ fn layout(options: &ClusterOptions) -> Result<(TempDir, Vec<NodeProcess>, String
         .join(",");
     let proxy = if options.proxy { Some(Proxy::start(proxied, options.seed)?) } else { None };
     Ok((dir, nodes, peers, proxy))
+}
+
+/// The HTTP and RPC ports of `nodes`.
+fn ports_in_use(nodes: &[NodeProcess]) -> Vec<u16> {
+    nodes.iter().flat_map(|n| [n.http_addr.port(), n.rpc_addr.port()]).collect()
 }
 
 /// Writes the PEM files of `pki`, if any, into `dir`/tls.
