@@ -623,9 +623,18 @@ async fn produce_records(
             (None, None) => s.round_robin.fetch_add(1, Ordering::Relaxed) % n,
         };
         let mut record_headers = Vec::with_capacity(r.headers.len());
+        let mut header_bytes = 0usize;
         for (name, v) in r.headers {
             let value = v.map(|v| decode_field(v, base64, "header value")).transpose()?;
+            header_bytes += name.len() + value.as_ref().map_or(0, Vec::len);
             record_headers.push(logdex_log::Header { key: name, value });
+        }
+        // Headers are bounded like the value: together at most as large as one value may be.
+        if header_bytes > s.limits.value_bytes_max {
+            return Err(ApiError::TooLarge(format!(
+                "record {i}: headers exceed {} bytes together",
+                s.limits.value_bytes_max
+            )));
         }
         let entry = per_partition.entry(partition).or_default();
         entry.0.push(i);

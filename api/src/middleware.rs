@@ -151,8 +151,19 @@ async fn json_error_body(response: Response) -> Response {
         StatusCode::UNPROCESSABLE_ENTITY | StatusCode::BAD_REQUEST => "invalid_request",
         _ => "error",
     };
+    let mut message = String::from_utf8_lossy(&text).into_owned();
+    if message.is_empty() {
+        // axum's 404 and 405 carry no text: say what was wrong.
+        message = match status {
+            StatusCode::METHOD_NOT_ALLOWED => {
+                "this path does not take this method; the Allow header lists those it takes".to_string()
+            }
+            StatusCode::NOT_FOUND => "no such path; the API's paths are listed in README.md".to_string(),
+            _ => status.canonical_reason().unwrap_or("error").to_lowercase(),
+        };
+    }
     let status = if status == StatusCode::UNPROCESSABLE_ENTITY { StatusCode::BAD_REQUEST } else { status };
-    let body = json!({"error": {"code": code, "message": String::from_utf8_lossy(&text)}});
+    let body = json!({"error": {"code": code, "message": message}});
     parts.status = status;
     parts.headers.insert("content-type", HeaderValue::from_static("application/json"));
     parts.headers.remove("content-length");

@@ -96,6 +96,23 @@ async fn bad_parameters_answer_400_with_a_code_that_names_them() -> TestResult {
     let (status, code, _) = error_of(create.send().await?).await?;
     assert_eq!((status, code.as_str()), (400, "invalid_config"));
 
+    let headers = json!({"records": [{"key": "h", "value": "v", "headers": {"big": "y".repeat(1024 * 1024 + 1)}}]});
+    let (status, code, message) =
+        error_of(http.post(format!("{url}/topics/t/records")).json(&headers).send().await?).await?;
+    assert_eq!((status, code.as_str()), (413, "too_large"), "headers over a value's bound");
+    assert!(message.contains("headers"), "{message}");
+    assert_eq!(http.get(format!("{url}/kv/t/h")).send().await?.status(), 404, "nothing of it was written");
+
+    let wrong_method = http.post(format!("{url}/kv/t/k")).body("v").send().await?;
+    let allow = wrong_method.headers().get("allow").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let (status, code, message) = error_of(wrong_method).await?;
+    assert_eq!((status, code.as_str()), (405, "method_not_allowed"));
+    let allow = allow.ok_or("405 without an Allow header")?;
+    assert!(allow.contains("PUT") && message.contains("Allow header"), "message {message:?}, Allow {allow:?}");
+    let (status, code, message) = error_of(http.get(format!("{url}/no/such/route")).send().await?).await?;
+    assert_eq!((status, code.as_str()), (404, "route_not_found"));
+    assert!(!message.is_empty(), "a 404 says what it is");
+
     let spelled_out = json!({"name": "t", "partitions": 2, "replication_factor": 1,
         "config": {"cleanup.policy": "compact", "kv.index.enabled": "true"}});
     let again = http.post(format!("{url}/topics")).json(&spelled_out).send().await?;

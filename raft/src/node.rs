@@ -54,6 +54,11 @@ pub const SNAPSHOT_EVERY_ENTRIES: u64 = 5000;
 pub const MOVE_STEP_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a write or a read waits for its group before answering unavailable.
 pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a node that had a controller write done elsewhere waits for its own controller
+/// replica to apply it before it answers (normally milliseconds; longer only when this
+/// replica lags, and then the answer shows its older view).
+const CONTROLLER_CATCH_UP: Duration = Duration::from_secs(2);
 /// Tries of a read whose remote segments must be fetched first (tiered storage).
 const TIER_READ_ATTEMPTS: usize = 3;
 /// How long a `linearizable` or `strict` read waits for its replica to learn a leader.
@@ -439,8 +444,9 @@ impl Node {
                 tracing::info!(attempt, "registered with the controller");
                 return;
             }
-            let result = match self.controller_write(cmd.clone(), false).await {
-                Ok(r) => Ok(r),
+            // Not `controller_write`: this node's controller replica may not be a learner yet.
+            let result = match self.controller_write_at(cmd.clone(), false).await {
+                Ok((r, _)) => Ok(r),
                 Err(e) => self.register_via_peers(&cmd).await.map_err(|_| e),
             };
             if let Err(e) = result {
@@ -471,15 +477,47 @@ impl Node {
         let mut last = Error::unavailable("no peer to register with");
         for addr in targets {
             match self.remote_controller_write(&addr, cmd.clone(), false).await {
-                Ok(r) => return Ok(r),
+                Ok((r, _)) => return Ok(r),
                 Err(e) => last = e,
             }
         }
         Err(last)
     }
 
-    /// Proposes a controller command on the controller leader, wherever it is.
+    /// Proposes a controller command on the controller leader, wherever it is, and returns
+    /// once this node's controller replica has applied it (bounded by [`CONTROLLER_CATCH_UP`]),
+    /// so the node's next answer (a describe after an alter or a move) shows the change.
     pub async fn controller_write(&self, cmd: pb::ControllerCommand, forwarded: bool) -> Result<pb::ControllerResult> {
+        let (result, index) = self.controller_write_at(cmd, forwarded).await?;
+        self.wait_controller_applied(index).await;
+        Ok(result)
+    }
+
+    /// Waits until the local controller replica has applied `index`; gives up quietly after
+    /// [`CONTROLLER_CATCH_UP`]: the write is committed, only this replica's view lags.
+    async fn wait_controller_applied(&self, index: u64) {
+        let controller = &self.inner.controller;
+        let applied = || controller.with_state(|s| s.applied.map_or(0, |l| l.index)).unwrap_or(0);
+        let mut changed = controller.subscribe();
+        let deadline = tokio::time::Instant::now() + CONTROLLER_CATCH_UP;
+        while applied() < index {
+            match tokio::time::timeout_at(deadline, changed.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => {
+                    tracing::debug!(index, applied = applied(), "controller write not applied here in time");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Proposes a controller command on the controller leader and returns its result and its
+    /// controller log index (0 when a forwarding peer did not say).
+    pub async fn controller_write_at(
+        &self,
+        cmd: pb::ControllerCommand,
+        forwarded: bool,
+    ) -> Result<(pb::ControllerResult, u64)> {
         let raft = &self.inner.controller_raft;
         let register = match &cmd.kind {
             Some(pb::controller_command::Kind::RegisterNode(r)) => Some(r.clone()),
@@ -496,7 +534,7 @@ impl Node {
                 if let Some(r) = register {
                     self.add_controller_learner(r).await?;
                 }
-                Ok(result)
+                Ok((result, resp.log_id.index))
             }
             Ok(Err(OrRaftError::APIError(OrClientWriteError::ForwardToLeader(f)))) => {
                 let Some(node) = f.leader_node else {
@@ -530,12 +568,13 @@ impl Node {
         addr: &str,
         cmd: pb::ControllerCommand,
         forwarded: bool,
-    ) -> Result<pb::ControllerResult> {
+    ) -> Result<(pb::ControllerResult, u64)> {
         let mut client = self.inner.pool.client(addr).map_err(Error::unavailable)?;
         let mut request = tonic::Request::new(pb::ControllerWriteRequest { command: Some(cmd), forwarded });
         request.set_timeout(OPERATION_TIMEOUT);
         let resp = client.controller_write(request).await.map_err(Error::unavailable)?.into_inner();
-        resp.result.ok_or_else(|| Error::unavailable(format!("controller at {addr} has no leader")))
+        let result = resp.result.ok_or_else(|| Error::unavailable(format!("controller at {addr} has no leader")))?;
+        Ok((result, resp.log_index))
     }
 
     async fn reconcile_loop(&self) {

@@ -570,8 +570,10 @@ impl RaftService for Service {
     ) -> Result<Response<pb::ControllerWriteResponse>, Status> {
         let req = request.into_inner();
         let cmd = req.command.ok_or_else(|| Status::invalid_argument("missing command"))?;
-        match self.node.controller_write(cmd, req.forwarded).await {
-            Ok(result) => Ok(Response::new(pb::ControllerWriteResponse { result: Some(result), ..Default::default() })),
+        match self.node.controller_write_at(cmd, req.forwarded).await {
+            Ok((result, log_index)) => {
+                Ok(Response::new(pb::ControllerWriteResponse { result: Some(result), log_index, ..Default::default() }))
+            }
             Err(e) => Err(Status::unavailable(e.to_string())),
         }
     }
