@@ -354,6 +354,7 @@ struct CommonQuery {
     offset: Option<u64>,
     max_records: Option<usize>,
     max_bytes: Option<usize>,
+    encoding: Option<String>,
 }
 
 fn hop(s: &AppState, headers: &HeaderMap, q: &CommonQuery) -> Hop {
@@ -786,12 +787,41 @@ async fn get_key(
     }
 }
 
-fn encode_records(records: &[(u64, Record)]) -> (Vec<Value>, &'static str) {
-    let all_utf8 = records.iter().all(|(_, r)| {
-        r.key.as_deref().is_none_or(|k| std::str::from_utf8(k).is_ok())
-            && r.value.as_deref().is_none_or(|v| std::str::from_utf8(v).is_ok())
-            && r.headers.iter().all(|h| h.value.as_deref().is_none_or(|v| std::str::from_utf8(v).is_ok()))
-    });
+/// How a fetch page spells keys, values and header values (`?encoding=`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FetchEncoding {
+    /// UTF-8 text when every field of the page is, else base64 (the default).
+    Auto,
+    /// UTF-8 text; a page holding other bytes is refused.
+    Utf8,
+    /// base64 (standard alphabet, padded), whatever the bytes.
+    Base64,
+}
+
+fn fetch_encoding(q: &CommonQuery) -> Result<FetchEncoding, ApiError> {
+    match q.encoding.as_deref() {
+        None | Some("auto") => Ok(FetchEncoding::Auto),
+        Some("utf8") => Ok(FetchEncoding::Utf8),
+        Some("base64") => Ok(FetchEncoding::Base64),
+        Some(other) => {
+            Err(ApiError::bad("invalid_encoding", format!("encoding must be auto, utf8 or base64, not {other:?}")))
+        }
+    }
+}
+
+fn encode_records(records: &[(u64, Record)], wanted: FetchEncoding) -> Result<(Vec<Value>, &'static str), ApiError> {
+    let all_utf8 = wanted != FetchEncoding::Base64
+        && records.iter().all(|(_, r)| {
+            r.key.as_deref().is_none_or(|k| std::str::from_utf8(k).is_ok())
+                && r.value.as_deref().is_none_or(|v| std::str::from_utf8(v).is_ok())
+                && r.headers.iter().all(|h| h.value.as_deref().is_none_or(|v| std::str::from_utf8(v).is_ok()))
+        });
+    if wanted == FetchEncoding::Utf8 && !all_utf8 {
+        return Err(ApiError::bad(
+            "invalid_encoding",
+            "the page holds a key, value or header value that is not UTF-8; ask for encoding=base64",
+        ));
+    }
     let text = |b: &Vec<u8>| -> Value {
         if all_utf8 {
             Value::String(String::from_utf8_lossy(b).into_owned())
@@ -813,7 +843,7 @@ fn encode_records(records: &[(u64, Record)]) -> (Vec<Value>, &'static str) {
             })
         })
         .collect();
-    (out, if all_utf8 { "utf8" } else { "base64" })
+    Ok((out, if all_utf8 { "utf8" } else { "base64" }))
 }
 
 async fn fetch_records(
@@ -828,6 +858,7 @@ async fn fetch_records(
         ApiError::bad("invalid_partition", format!("topic {topic_name} has no partition {partition}"))
     })?;
     let mode = read_mode(&q)?;
+    let wanted = fetch_encoding(&q)?;
     let offset = q.offset.unwrap_or(0);
     if q.max_records == Some(0) || q.max_bytes == Some(0) {
         return Err(ApiError::bad("invalid_limit", "max_records and max_bytes must be at least 1"));
@@ -843,7 +874,7 @@ async fn fetch_records(
     let hw = hosted.partition.high_watermark();
     let records = s.router.node.read_records(&hosted, offset, max_records, max_bytes).await?;
     let next_offset = records.last().map_or(offset.max(hosted.partition.log_start_offset()).min(hw), |(o, _)| o + 1);
-    let (encoded, encoding) = encode_records(&records);
+    let (encoded, encoding) = encode_records(&records, wanted)?;
     let mut resp = Json(json!({
         "records": encoded,
         "next_offset": next_offset,
