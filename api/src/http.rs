@@ -589,7 +589,17 @@ async fn produce_records(
 ) -> Result<Response, ApiError> {
     let t = topic(&s, &topic_name)?;
     let req: ProduceBody = parse_json(&body)?;
-    let base64 = match req.encoding.as_deref() {
+    // The encoding is a field of the body; `?encoding=` (fetch's spelling) is taken too when
+    // the body does not name one, and must agree with it when it does.
+    if let (Some(body), Some(query)) = (&req.encoding, &q.encoding)
+        && body != query
+    {
+        return Err(ApiError::bad(
+            "invalid_encoding",
+            format!("the body says encoding {body:?} and the query {query:?}"),
+        ));
+    }
+    let base64 = match req.encoding.as_deref().or(q.encoding.as_deref()) {
         None | Some("utf8") => false,
         Some("base64") => true,
         Some(other) => {
@@ -810,16 +820,22 @@ fn fetch_encoding(q: &CommonQuery) -> Result<FetchEncoding, ApiError> {
 }
 
 fn encode_records(records: &[(u64, Record)], wanted: FetchEncoding) -> Result<(Vec<Value>, &'static str), ApiError> {
-    let all_utf8 = wanted != FetchEncoding::Base64
-        && records.iter().all(|(_, r)| {
-            r.key.as_deref().is_none_or(|k| std::str::from_utf8(k).is_ok())
-                && r.value.as_deref().is_none_or(|v| std::str::from_utf8(v).is_ok())
-                && r.headers.iter().all(|h| h.value.as_deref().is_none_or(|v| std::str::from_utf8(v).is_ok()))
-        });
-    if wanted == FetchEncoding::Utf8 && !all_utf8 {
+    let is_text = |b: &Option<Vec<u8>>| b.as_deref().is_none_or(|b| std::str::from_utf8(b).is_ok());
+    let first_binary = if wanted == FetchEncoding::Base64 {
+        None
+    } else {
+        records
+            .iter()
+            .find(|(_, r)| !(is_text(&r.key) && is_text(&r.value) && r.headers.iter().all(|h| is_text(&h.value))))
+            .map(|(offset, _)| *offset)
+    };
+    let all_utf8 = wanted != FetchEncoding::Base64 && first_binary.is_none();
+    if let (FetchEncoding::Utf8, Some(offset)) = (wanted, first_binary) {
         return Err(ApiError::bad(
             "invalid_encoding",
-            "the page holds a key, value or header value that is not UTF-8; ask for encoding=base64",
+            format!(
+                "the record at offset {offset} has a key, value or header value that is not UTF-8; ask for encoding=base64"
+            ),
         ));
     }
     let text = |b: &Vec<u8>| -> Value {

@@ -153,12 +153,11 @@ async fn json_error_body(response: Response) -> Response {
     };
     let mut message = String::from_utf8_lossy(&text).into_owned();
     if message.is_empty() {
-        // axum's 404 and 405 carry no text: say what was wrong.
+        // axum's 405 (a method a route does not take) carries no text: say what was wrong.
         message = match status {
             StatusCode::METHOD_NOT_ALLOWED => {
                 "this path does not take this method; the Allow header lists those it takes".to_string()
             }
-            StatusCode::NOT_FOUND => "no such path; the API's paths are listed in README.md".to_string(),
             _ => status.canonical_reason().unwrap_or("error").to_lowercase(),
         };
     }

@@ -17,9 +17,10 @@ async fn admin_changes_through_a_non_leader_show_in_its_answer_and_next_describe
     let (node_2, url_2) = start_node(&dir.path().join("n2"), &["--node-id", "2", "--join", &join]).await?;
     let (node_3, url_3) = start_node(&dir.path().join("n3"), &["--node-id", "3", "--join", &join]).await?;
     let http = reqwest::Client::new();
-    // Node 1 initialized the controller and leads it; nodes 2 and 3 forward admin writes to
-    // it. Its answer can reach the forwarding node before the entry's commit does: with
-    // three voters, the other follower's acknowledgement is enough to commit.
+    // Node 1 initialized the controller and leads it; nodes 2 and 3 joined as controller
+    // learners and forward admin writes to it. The leader's answer can reach the forwarding
+    // node before the commit does: a replica learns of a commit only from a later message
+    // of the leader.
     let created = http
         .post(format!("{url_2}/topics"))
         .json(&json!({"name": "t", "partitions": 1, "replication_factor": 1, "config": {"retention.ms": "1000000"}}))

@@ -504,7 +504,11 @@ impl Node {
             match tokio::time::timeout_at(deadline, changed.changed()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) | Err(_) => {
-                    tracing::debug!(index, applied = applied(), "controller write not applied here in time");
+                    tracing::warn!(
+                        index,
+                        applied = applied(),
+                        "controller write not applied by this node's controller replica in time; answering from its older view"
+                    );
                     return;
                 }
             }
