@@ -463,6 +463,14 @@ impl Node {
         }
     }
 
+    /// How many nodes the controller group's membership names (voters and learners): every
+    /// node of `--peers` from the start, and each node that joined. Some may not have
+    /// registered yet (they start in any order).
+    pub fn controller_member_count(&self) -> usize {
+        let m = crate::types::metrics_of(&self.inner.controller_raft);
+        m.membership_config.membership().nodes().count()
+    }
+
     fn controller_membership_has(&self, node: NodeId) -> bool {
         let m = crate::types::metrics_of(&self.inner.controller_raft);
         m.membership_config.membership().nodes().any(|(id, _)| *id == node)

@@ -11,10 +11,16 @@ pub type TestResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
 /// Starts a single node on ephemeral loopback ports with data in `dir`,
 /// waits (bounded) until it is ready, and returns it with its HTTP base URL.
+#[allow(dead_code)] // Not every test binary that includes this module uses it.
 pub async fn start_node(dir: &std::path::Path, extra: &[&str]) -> TestResult<(RunningNode, String)> {
+    start_node_at(dir, "127.0.0.1:0", extra).await
+}
+
+/// As [`start_node`], with the RPC address given (for a node named in `--peers`).
+pub async fn start_node_at(dir: &std::path::Path, rpc_addr: &str, extra: &[&str]) -> TestResult<(RunningNode, String)> {
     let data_dir = dir.display().to_string();
     let mut args =
-        vec!["logdex", "serve", "--data-dir", &data_dir, "--http-addr", "127.0.0.1:0", "--rpc-addr", "127.0.0.1:0"];
+        vec!["logdex", "serve", "--data-dir", &data_dir, "--http-addr", "127.0.0.1:0", "--rpc-addr", rpc_addr];
     args.extend_from_slice(extra);
     let Some(Command::Serve(serve)) = Cli::parse_from(args).command else { return Err("not a serve command".into()) };
     let node = logdex_api::serve::start(serve).await?;
