@@ -179,7 +179,9 @@ async fn create_topic(State(s): State<AppState>, body: Bytes) -> Result<Response
             config: config.into_iter().collect(),
         })),
     };
-    wait_for_registered_nodes(&s, req.replication_factor).await;
+    // Nodes of an initial cluster start in any order: wait (bounded) for the nodes the
+    // cluster names to register, rather than refuse a replication factor it will have.
+    s.router.node.wait_registered_nodes(req.replication_factor as usize, Duration::from_secs(10)).await;
     let result = s.router.node.controller_write(cmd, false).await?;
     if let Some(e) = controller_error(&result) {
         return Err(e);
@@ -187,21 +189,6 @@ async fn create_topic(State(s): State<AppState>, body: Bytes) -> Result<Response
     let status = if result.status == "created" { StatusCode::CREATED } else { StatusCode::OK };
     let topic = wait_topic_ready(&s, &req.name).await?;
     Ok((status, Json(describe(&s, &topic).await)).into_response())
-}
-
-/// Nodes of an initial cluster start in any order: a topic created on the first ones up may
-/// ask for more replicas than have registered yet. When the controller's membership names
-/// enough nodes, this waits (up to 10 s) for them to register, so the create succeeds instead
-/// of answering 400; a replication factor above the cluster's size is refused at once.
-async fn wait_for_registered_nodes(s: &AppState, replication_factor: u32) {
-    let wanted = replication_factor as usize;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while s.router.node.cluster().nodes.len() < wanted
-        && s.router.node.controller_member_count() >= wanted
-        && tokio::time::Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Waits (bounded) until the local controller replica knows the topic and

@@ -466,7 +466,7 @@ impl Node {
     /// How many nodes the controller group's membership names (voters and learners): every
     /// node of `--peers` from the start, and each node that joined. Some may not have
     /// registered yet (they start in any order).
-    pub fn controller_member_count(&self) -> usize {
+    fn controller_member_count(&self) -> usize {
         let m = crate::types::metrics_of(&self.inner.controller_raft);
         m.membership_config.membership().nodes().count()
     }
@@ -501,25 +501,43 @@ impl Node {
         Ok(result)
     }
 
-    /// Waits until the local controller replica has applied `index`; gives up quietly after
-    /// [`CONTROLLER_CATCH_UP`]: the write is committed, only this replica's view lags.
+    /// Waits until the local controller replica has applied `index`; gives up after
+    /// [`CONTROLLER_CATCH_UP`] with a warning: the write is committed, only this replica's
+    /// view lags.
     async fn wait_controller_applied(&self, index: u64) {
+        let applied = |s: &ClusterState| s.applied.map_or(0, |l| l.index) >= index;
+        if !self.wait_cluster_state(CONTROLLER_CATCH_UP, applied).await {
+            tracing::warn!(
+                index,
+                "controller write not applied by this node's controller replica in time; answering from its older view"
+            );
+        }
+    }
+
+    /// Waits until the local controller state satisfies `ready`, woken by each applied change;
+    /// false if it still does not after `bound`.
+    async fn wait_cluster_state(&self, bound: Duration, ready: impl Fn(&ClusterState) -> bool) -> bool {
         let controller = &self.inner.controller;
-        let applied = || controller.with_state(|s| s.applied.map_or(0, |l| l.index)).unwrap_or(0);
         let mut changed = controller.subscribe();
-        let deadline = tokio::time::Instant::now() + CONTROLLER_CATCH_UP;
-        while applied() < index {
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            if controller.with_state(&ready).unwrap_or(false) {
+                return true;
+            }
             match tokio::time::timeout_at(deadline, changed.changed()).await {
                 Ok(Ok(())) => {}
-                Ok(Err(_)) | Err(_) => {
-                    tracing::warn!(
-                        index,
-                        applied = applied(),
-                        "controller write not applied by this node's controller replica in time; answering from its older view"
-                    );
-                    return;
-                }
+                Ok(Err(_)) | Err(_) => return false,
             }
+        }
+    }
+
+    /// Waits (up to `bound`) until `count` nodes have registered, if the controller group's
+    /// membership names that many: nodes of `--peers` start in any order, and a topic created
+    /// on the first ones up may ask for more replicas than have registered yet. Returns at once
+    /// when the cluster has fewer nodes than `count` (the create is then refused as it was).
+    pub async fn wait_registered_nodes(&self, count: usize, bound: Duration) {
+        if self.controller_member_count() >= count {
+            self.wait_cluster_state(bound, |s| s.nodes.len() >= count).await;
         }
     }
 
