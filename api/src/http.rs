@@ -1018,6 +1018,7 @@ async fn metrics(State(s): State<AppState>) -> Response {
     }
     let sync = s.router.node.raft_log_sync_stats();
     let reads = s.router.node.read_index_stats();
+    let heartbeats = s.router.node.heartbeat_stats();
     for (name, help, v) in [
         (
             "logdex_follower_linearizable_reads_total",
@@ -1028,6 +1029,16 @@ async fn metrics(State(s): State<AppState>) -> Response {
             "logdex_read_index_requests_total",
             "Read-index calls sent to leaders for them (concurrent reads of the groups one node leads share one).",
             &reads.fetches,
+        ),
+        (
+            "logdex_heartbeat_calls_total",
+            "Heartbeats (also the quorum rounds of strict reads) sent by this node's leader replicas as calls on call streams.",
+            &heartbeats.calls,
+        ),
+        (
+            "logdex_heartbeat_streams_total",
+            "Heartbeats sent on append streams of their own, to peers that do not take them as calls.",
+            &heartbeats.streams,
         ),
         (
             "logdex_damaged_snapshots_refused_total",

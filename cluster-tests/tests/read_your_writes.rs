@@ -2,6 +2,8 @@
 //! (DESIGN.md I6), in both linearizable (lease) and strict (read index) modes, also
 //! between nodes that cannot use call streams and fall back to unary RPCs, and when
 //! concurrent reads of several partitions share one read-index call per leader node.
+//! The quorum round of a strict read (a heartbeat from the leader) travels as a call on
+//! the call streams, or on append streams to nodes that do not take heartbeat calls.
 
 use logdex_cluster_tests::Cluster;
 use logdex_cluster_tests::Read;
@@ -31,6 +33,51 @@ async fn follower_linearizable_read_right_after_an_acknowledged_write_sees_it() 
     let cluster = Cluster::start(3).await?;
     let outcome = rounds(&cluster).await;
     cluster.finish(outcome)
+}
+
+/// The same rounds; the heartbeats that confirm the leader's leadership for the strict
+/// reads (and keep its lease) went as calls on the call streams, none on append streams
+/// of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_reads_confirm_leadership_with_heartbeats_sent_as_calls() -> Result<()> {
+    let cluster = Cluster::start(3).await?;
+    let outcome = async {
+        rounds(&cluster).await?;
+        let (calls, streams) = heartbeats_by_transport(&cluster).await?;
+        ensure!(calls > 0, "no heartbeat went as a call");
+        ensure_eq!(streams, 0, "heartbeats sent on append streams between nodes that take heartbeat calls");
+        Ok(())
+    }
+    .await;
+    cluster.finish(outcome)
+}
+
+/// The same rounds with every node answering a heartbeat call with UNIMPLEMENTED, as a node
+/// from before heartbeat calls does (fail point `rpc::heartbeat_call_unsupported`, a
+/// failpoints build): the heartbeats go on append streams, and strict reads still see
+/// every acknowledged write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_without_heartbeat_calls_confirm_strict_reads_with_heartbeats_on_append_streams() -> Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    let outcome = async {
+        restart_with_fail_point(&mut cluster, "rpc::heartbeat_call_unsupported").await?;
+        rounds(&cluster).await?;
+        let (_, streams) = heartbeats_by_transport(&cluster).await?;
+        ensure!(streams > 0, "no heartbeat went on an append stream");
+        Ok(())
+    }
+    .await;
+    cluster.finish(outcome)
+}
+
+/// Heartbeats sent by all nodes since they started: (as calls, on append streams).
+async fn heartbeats_by_transport(cluster: &Cluster) -> Result<(u64, u64)> {
+    let (mut calls, mut streams) = (0, 0);
+    for id in cluster.node_ids() {
+        calls += cluster.metric(id, "logdex_heartbeat_calls_total").await?;
+        streams += cluster.metric(id, "logdex_heartbeat_streams_total").await?;
+    }
+    Ok((calls, streams))
 }
 
 /// The leader of the topic's partition 0 and its two followers, once it has a leader.

@@ -67,11 +67,22 @@ impl CallError {
 pub struct Calls {
     pool: Arc<ChannelPool>,
     peers: Mutex<HashMap<String, Arc<CallStream>>>,
+    /// How this node's leader replicas sent their heartbeats.
+    pub heartbeats: HeartbeatStats,
+}
+
+/// Heartbeats sent by the leader replicas of a node, by how they travelled.
+#[derive(Debug, Default)]
+pub struct HeartbeatStats {
+    /// As one call on the peer's call stream.
+    pub calls: AtomicU64,
+    /// On an append stream of their own, because the peer does not take them as calls.
+    pub streams: AtomicU64,
 }
 
 impl Calls {
     pub fn new(pool: Arc<ChannelPool>) -> Calls {
-        Calls { pool, peers: Mutex::new(HashMap::new()) }
+        Calls { pool, peers: Mutex::new(HashMap::new()), heartbeats: HeartbeatStats::default() }
     }
 
     /// Sends `call` to the node at `addr` and waits at most `timeout` for its answer.

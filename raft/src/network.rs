@@ -9,8 +9,10 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use futures::FutureExt;
 use futures::Stream;
 use futures::StreamExt;
 use openraft::base::BoxFuture;
@@ -31,7 +33,10 @@ use openraft::raft::VoteResponse;
 use tonic::transport::Channel;
 use tonic::transport::Endpoint;
 
+use crate::calls::Calls;
+use crate::calls::RETRY_UNSUPPORTED;
 use crate::pb;
+use crate::pb::call_request::Call;
 use crate::pb::raft_service_client::RaftServiceClient;
 use crate::state_machine::SnapshotData;
 use crate::types::GroupId;
@@ -255,12 +260,13 @@ pub type DamageReports = tokio::sync::mpsc::UnboundedSender<GroupId>;
 pub struct NetworkFactory {
     group: GroupId,
     pool: Arc<ChannelPool>,
+    calls: Arc<Calls>,
     damage: DamageReports,
 }
 
 impl NetworkFactory {
-    pub fn new(group: GroupId, pool: Arc<ChannelPool>, damage: DamageReports) -> NetworkFactory {
-        NetworkFactory { group, pool, damage }
+    pub fn new(group: GroupId, pool: Arc<ChannelPool>, calls: Arc<Calls>, damage: DamageReports) -> NetworkFactory {
+        NetworkFactory { group, pool, calls, damage }
     }
 }
 
@@ -272,6 +278,8 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             header: pb::GroupHeader { group_id: self.group, target_replica: target },
             addr: node.rpc_addr.clone(),
             pool: self.pool.clone(),
+            calls: self.calls.clone(),
+            heartbeat_refused_at: None,
             damage: self.damage.clone(),
         }
     }
@@ -282,6 +290,10 @@ pub struct GroupConnection {
     header: pb::GroupHeader,
     addr: String,
     pool: Arc<ChannelPool>,
+    calls: Arc<Calls>,
+    /// When the peer last refused a heartbeat call (an older node): heartbeats go on append
+    /// streams for [`RETRY_UNSUPPORTED`] after it.
+    heartbeat_refused_at: Option<std::time::Instant>,
     damage: DamageReports,
 }
 
@@ -330,6 +342,35 @@ fn stream_append_result(resp: pb::StreamAppendResponse) -> Result<StreamAppendRe
     }
 }
 
+/// Sends a heartbeat as a call on the peer's call stream: `None` when the peer does not know
+/// the call (an older node), so the caller sends it on an append stream instead.
+///
+/// The call runs in a task of its own with the deadline of the other calls ([`RPC_TIMEOUT`]):
+/// openraft gives up on a heartbeat after one heartbeat interval and drops this future, but
+/// the call lives on, so a call stream that stopped answering is found and replaced
+/// ([`Calls::call`]) even when heartbeats are all that travel on it.
+async fn heartbeat_call(
+    calls: &Arc<Calls>,
+    addr: &str,
+    header: pb::GroupHeader,
+    rpc: &AppendEntriesRequest<TypeConfig>,
+) -> Option<Result<StreamAppendResult<TypeConfig>, RpcError>> {
+    use pb::call_response::Result as Answer;
+    let call = Call::Heartbeat(append_request_to_pb(header, rpc));
+    let (calls, addr) = (calls.clone(), addr.to_string());
+    let answer = tokio::spawn(async move { calls.call(&addr, call, RPC_TIMEOUT).await });
+    let answer = match answer.await {
+        Ok(answer) => answer,
+        Err(e) => return Some(Err(unreachable(format!("heartbeat call task failed: {e}")))),
+    };
+    match answer {
+        Ok(Answer::Heartbeat(resp)) => Some(stream_append_result(resp)),
+        Ok(other) => Some(Err(unreachable(format!("heartbeat answered with another call's answer: {other:?}")))),
+        Err(e) if e.unsupported() => None,
+        Err(e) => Some(Err(unreachable(e.status().message()))),
+    }
+}
+
 fn vote_response(resp: pb::VoteResponse) -> Result<VoteResponse<TypeConfig>, RpcError> {
     let vote = wire::required(resp.vote, "VoteResponse", "vote").map_err(unreachable)?;
     Ok(VoteResponse::new(
@@ -371,8 +412,41 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
     {
         let header = self.header;
         let client = self.client();
-        let (pool, addr) = (self.pool.clone(), self.addr.clone());
+        let (pool, calls, addr) = (self.pool.clone(), self.calls.clone(), self.addr.clone());
+        let refused_at = &mut self.heartbeat_refused_at;
         Box::pin(async move {
+            let mut input = input;
+            let Some(first) = input.next().await else {
+                return Ok(Box::pin(futures::stream::empty()) as BoxStream<'s, _>);
+            };
+            // openraft sends a heartbeat as a stream of one append without entries (one per
+            // follower per heartbeat, and per round of `strict` reads). It goes as one call on
+            // the call stream to the peer instead of opening an HTTP/2 stream of its own: the
+            // opening, the server's task and the pump below cost more than the heartbeat.
+            // Polling the input once more tells a lone request from the start of a
+            // replication stream; a request that is already there is kept, not lost.
+            let refused = refused_at.is_some_and(|at| at.elapsed() < RETRY_UNSUPPORTED);
+            let input = match input.next().now_or_never() {
+                Some(None) if first.entries.is_empty() && !refused => {
+                    match heartbeat_call(&calls, &addr, header, &first).await {
+                        Some(result) => {
+                            calls.heartbeats.calls.fetch_add(1, Ordering::Relaxed);
+                            return Ok(Box::pin(futures::stream::once(async { result })) as BoxStream<'s, _>);
+                        }
+                        None => {
+                            *refused_at = Some(std::time::Instant::now());
+                            calls.heartbeats.streams.fetch_add(1, Ordering::Relaxed);
+                            futures::stream::iter(vec![first]).chain(input)
+                        }
+                    }
+                }
+                Some(None) if first.entries.is_empty() => {
+                    calls.heartbeats.streams.fetch_add(1, Ordering::Relaxed);
+                    futures::stream::iter(vec![first]).chain(input)
+                }
+                Some(Some(second)) => futures::stream::iter(vec![first, second]).chain(input),
+                Some(None) | None => futures::stream::iter(vec![first]).chain(input),
+            };
             let mut client = client?;
             // Requests handed over and not yet answered: a stream that owes answers and gets
             // none for STREAM_ANSWER_TIMEOUT fails, so openraft replicates again on a new

@@ -178,7 +178,7 @@ struct NodeInner {
     raft_config: Arc<openraft::Config>,
     pool: Arc<ChannelPool>,
     /// Read-index and produce calls to peers, multiplexed on one stream per peer.
-    calls: crate::calls::Calls,
+    calls: Arc<crate::calls::Calls>,
     raft_log: Arc<RaftLogDb>,
     index: Index,
     controller: Arc<Controller>,
@@ -242,10 +242,11 @@ impl Node {
         );
         let controller = Controller::open(config.data_dir.join("controller"))?;
         let (damage, damage_reports) = tokio::sync::mpsc::unbounded_channel();
+        let calls = Arc::new(crate::calls::Calls::new(pool.clone()));
         let controller_raft = Raft::new(
             config.node_id,
             raft_config.clone(),
-            NetworkFactory::new(CONTROLLER_GROUP, pool.clone(), damage.clone()),
+            NetworkFactory::new(CONTROLLER_GROUP, pool.clone(), calls.clone(), damage.clone()),
             raft_log.group(config.node_id),
             GroupStateMachine::for_controller(controller.clone())?,
         )
@@ -256,7 +257,7 @@ impl Node {
             inner: Arc::new(NodeInner {
                 config,
                 raft_config,
-                calls: crate::calls::Calls::new(pool.clone()),
+                calls,
                 pool,
                 raft_log,
                 index,
@@ -1092,7 +1093,7 @@ impl Node {
         let raft = Raft::new(
             replica,
             self.inner.raft_config.clone(),
-            NetworkFactory::new(group, self.inner.pool.clone(), self.inner.damage.clone()),
+            NetworkFactory::new(group, self.inner.pool.clone(), self.inner.calls.clone(), self.inner.damage.clone()),
             self.inner.raft_log.group(replica),
             sm,
         )
@@ -1185,6 +1186,11 @@ impl Node {
     /// Follower read-index counters of this node.
     pub fn read_index_stats(&self) -> &ReadIndexStats {
         &self.inner.read_index_stats
+    }
+
+    /// How this node's leader replicas sent their heartbeats.
+    pub fn heartbeat_stats(&self) -> &crate::calls::HeartbeatStats {
+        &self.inner.calls.heartbeats
     }
 
     /// Group-commit counters of this node's Raft log.

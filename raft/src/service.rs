@@ -145,6 +145,22 @@ impl Service {
         pb::ReadIndexBatchResponse { outcomes }
     }
 
+    /// A heartbeat from the call stream, answered as the only item of an append stream.
+    async fn heartbeat_call(&self, req: pb::AppendEntriesRequest) -> Result<pb::StreamAppendResponse, Status> {
+        use futures::StreamExt;
+        if !req.entries.is_empty() {
+            return Err(Status::invalid_argument("a heartbeat carries no entries"));
+        }
+        let raft = self.raft_for(req.header)?;
+        let rpc = append_request_from_pb(req)?;
+        let answers = raft.stream_append(futures::stream::once(futures::future::ready(rpc)));
+        let mut answers = std::pin::pin!(answers);
+        match answers.next().await {
+            Some(item) => stream_append_answer(item),
+            None => Err(Status::unavailable("the replica answered nothing to the heartbeat")),
+        }
+    }
+
     async fn produce_call(&self, req: pb::ProduceRequest) -> Result<pb::ProduceResponse, Status> {
         let header = req.header.ok_or_else(|| Status::invalid_argument("missing group header"))?;
         let records: Vec<logdex_log::Record> = req.records.into_iter().map(wire::record_from_pb).collect();
@@ -182,6 +198,14 @@ impl Service {
                     )));
                     Ok(A::ReadIndexBatch(self.read_index_batch_call(r).await))
                 }
+                Some(Call::Heartbeat(r)) => {
+                    // Test builds: `rpc::heartbeat_call_unsupported=return` answers as a node from
+                    // before heartbeat calls does (it decodes the call as empty).
+                    fail::fail_point!("rpc::heartbeat_call_unsupported", |_| Err(Status::unimplemented(
+                        "unknown or empty call"
+                    )));
+                    self.heartbeat_call(r).await.map(A::Heartbeat)
+                }
                 None => Err(Status::unimplemented("unknown or empty call")),
             }
         };
@@ -216,6 +240,21 @@ async fn install_received(
     };
     let resp = raft.install_full_snapshot(vote, snapshot).await.map_err(fatal)?;
     Ok(Response::new(pb::SnapshotResponse { vote: Some(wire::vote_to_pb(&resp.vote)) }))
+}
+
+/// One answer of an append stream on the wire.
+fn stream_append_answer<E: std::fmt::Display>(
+    item: Result<openraft::raft::StreamAppendResult<crate::types::TypeConfig>, E>,
+) -> Result<pb::StreamAppendResponse, Status> {
+    use openraft::raft::StreamAppendError;
+    use pb::stream_append_response::Result as R;
+    let result = match item.map_err(fatal)? {
+        Ok(Some(l)) => R::Flushed(wire::log_id_to_pb(&l)),
+        Ok(None) => R::Accepted(pb::Blank {}),
+        Err(StreamAppendError::Conflict(l)) => R::Conflict(wire::log_id_to_pb(&l)),
+        Err(StreamAppendError::HigherVote(v)) => R::HigherVote(wire::vote_to_pb(&v)),
+    };
+    Ok(pb::StreamAppendResponse { result: Some(result) })
 }
 
 fn bad(e: impl std::fmt::Display) -> Status {
@@ -378,8 +417,6 @@ impl RaftService for Service {
         request: Request<Streaming<pb::AppendEntriesRequest>>,
     ) -> Result<Response<StreamAppendAnswers>, Status> {
         use futures::StreamExt;
-        use openraft::raft::StreamAppendError;
-        use pb::stream_append_response::Result as R;
         let mut input = request.into_inner();
         let first = input.message().await?.ok_or_else(|| Status::invalid_argument("empty append stream"))?;
         let header = first.header;
@@ -396,15 +433,7 @@ impl RaftService for Service {
             Some((rpc, input))
         });
         let requests = futures::stream::once(futures::future::ready(first)).chain(rest);
-        let answers = raft.stream_append(requests).map(|item| {
-            let result = match item.map_err(fatal)? {
-                Ok(Some(l)) => R::Flushed(wire::log_id_to_pb(&l)),
-                Ok(None) => R::Accepted(pb::Blank {}),
-                Err(StreamAppendError::Conflict(l)) => R::Conflict(wire::log_id_to_pb(&l)),
-                Err(StreamAppendError::HigherVote(v)) => R::HigherVote(wire::vote_to_pb(&v)),
-            };
-            Ok(pb::StreamAppendResponse { result: Some(result) })
-        });
+        let answers = raft.stream_append(requests).map(stream_append_answer);
         Ok(Response::new(Box::pin(answers)))
     }
 
