@@ -53,9 +53,11 @@ impl Guard {
 /// Auth, in-flight bound, rate limit, metrics and JSON errors, in that order.
 pub async fn guard(State(g): State<Arc<Guard>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let route = request.extensions().get::<MatchedPath>().map_or("unmatched", |m| m.as_str()).to_string();
+    // A shared handle on the route's text (no copy): the request is consumed below.
+    let matched = request.extensions().get::<MatchedPath>().cloned();
+    let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
     let method = request.method().clone();
-    let response = match admit(&g, &request, &route) {
+    let response = match admit(&g, &request, route) {
         Err(e) => e.into_response(),
         Ok(()) => match g.in_flight_slot() {
             Err(e) => e.into_response(),
@@ -63,7 +65,7 @@ pub async fn guard(State(g): State<Arc<Guard>>, request: Request, next: Next) ->
         },
     };
     let response = json_error_body(response).await;
-    g.metrics.observe(&method, &route, response.status(), started.elapsed());
+    g.metrics.observe(&method, route, response.status(), started.elapsed());
     response
 }
 
@@ -202,7 +204,9 @@ impl RateLimiter {
 /// Request counts and latency histograms by method, route and status.
 #[derive(Default)]
 pub struct Metrics {
-    series: Mutex<HashMap<(String, String, u16), Series>>,
+    /// Route -> the series of each (method, status) seen on it. A request finds its series
+    /// without allocating: the route is looked up by `&str`, and a route sees few pairs.
+    series: Mutex<HashMap<String, Vec<(axum::http::Method, u16, Series)>>>,
 }
 
 #[derive(Default, Clone)]
@@ -215,8 +219,20 @@ struct Series {
 impl Metrics {
     pub fn observe(&self, method: &axum::http::Method, route: &str, status: StatusCode, elapsed: Duration) {
         let secs = elapsed.as_secs_f64();
+        let status = status.as_u16();
         let mut series = self.series.lock().unwrap_or_else(|e| e.into_inner());
-        let s = series.entry((method.to_string(), route.to_string(), status.as_u16())).or_default();
+        if !series.contains_key(route) {
+            series.insert(route.to_string(), Vec::new());
+        }
+        let Some(per_route) = series.get_mut(route) else { return };
+        let at = match per_route.iter().position(|(m, st, _)| m == method && *st == status) {
+            Some(at) => at,
+            None => {
+                per_route.push((method.clone(), status, Series::default()));
+                per_route.len() - 1
+            }
+        };
+        let s = &mut per_route[at].2;
         s.count += 1;
         s.sum_s += secs;
         for (i, bound) in LATENCY_BUCKETS_S.iter().enumerate() {
@@ -229,14 +245,19 @@ impl Metrics {
     /// Prometheus text exposition of the request series.
     pub fn render(&self, out: &mut String) {
         use std::fmt::Write;
-        let series = self.series.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut series: Vec<(String, String, u16, Series)> = {
+            let series = self.series.lock().unwrap_or_else(|e| e.into_inner());
+            series
+                .iter()
+                .flat_map(|(route, pairs)| {
+                    pairs.iter().map(|(method, status, s)| (method.to_string(), route.clone(), *status, s.clone()))
+                })
+                .collect()
+        };
+        series.sort_by(|a, b| (&a.0, &a.1, a.2).cmp(&(&b.0, &b.1, b.2)));
         let _ = writeln!(out, "# HELP logdex_http_request_duration_seconds HTTP request latency by route and status.");
         let _ = writeln!(out, "# TYPE logdex_http_request_duration_seconds histogram");
-        let mut keys: Vec<_> = series.keys().cloned().collect();
-        keys.sort();
-        for key in keys {
-            let s = &series[&key];
-            let (method, route, status) = &key;
+        for (method, route, status, s) in &series {
             let labels = format!("method=\"{method}\",route=\"{route}\",status=\"{status}\"");
             for (i, bound) in LATENCY_BUCKETS_S.iter().enumerate() {
                 let _ = writeln!(
@@ -255,5 +276,38 @@ impl Metrics {
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Metrics")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_series_are_counted_per_method_route_and_status_and_rendered_in_order() {
+        let metrics = Metrics::default();
+        let ms = Duration::from_millis(1);
+        metrics.observe(&axum::http::Method::PUT, "/kv/{topic}/{*key}", StatusCode::OK, ms);
+        metrics.observe(&axum::http::Method::GET, "/kv/{topic}/{*key}", StatusCode::OK, ms);
+        metrics.observe(&axum::http::Method::GET, "/kv/{topic}/{*key}", StatusCode::OK, ms);
+        metrics.observe(&axum::http::Method::GET, "/kv/{topic}/{*key}", StatusCode::NOT_FOUND, ms);
+        metrics.observe(&axum::http::Method::GET, "/topics", StatusCode::OK, Duration::from_secs(100));
+        let mut out = String::new();
+        metrics.render(&mut out);
+        let counts: Vec<&str> =
+            out.lines().filter(|l| l.starts_with("logdex_http_request_duration_seconds_count")).collect();
+        assert_eq!(
+            counts,
+            [
+                r#"logdex_http_request_duration_seconds_count{method="GET",route="/kv/{topic}/{*key}",status="200"} 2"#,
+                r#"logdex_http_request_duration_seconds_count{method="GET",route="/kv/{topic}/{*key}",status="404"} 1"#,
+                r#"logdex_http_request_duration_seconds_count{method="GET",route="/topics",status="200"} 1"#,
+                r#"logdex_http_request_duration_seconds_count{method="PUT",route="/kv/{topic}/{*key}",status="200"} 1"#,
+            ]
+        );
+        // A request slower than every bucket is counted only in +Inf.
+        assert!(out.contains(r#"route="/topics",status="200",le="+Inf"} 1"#), "{out}");
+        let last_bound = LATENCY_BUCKETS_S[LATENCY_BUCKETS_S.len() - 1];
+        assert!(out.contains(&format!(r#"route="/topics",status="200",le="{last_bound}"}} 0"#)), "{out}");
     }
 }
