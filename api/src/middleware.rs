@@ -206,8 +206,11 @@ impl RateLimiter {
 pub struct Metrics {
     /// Route -> the series of each (method, status) seen on it. A request finds its series
     /// without allocating: the route is looked up by `&str`, and a route sees few pairs.
-    series: Mutex<HashMap<String, Vec<(axum::http::Method, u16, Series)>>>,
+    series: Mutex<HashMap<String, Vec<RouteSeries>>>,
 }
+
+/// One (method, status) series of a route.
+type RouteSeries = (axum::http::Method, u16, Series);
 
 #[derive(Default, Clone)]
 struct Series {
