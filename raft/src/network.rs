@@ -342,6 +342,35 @@ fn stream_append_result(resp: pb::StreamAppendResponse) -> Result<StreamAppendRe
     }
 }
 
+/// The requests openraft handed to `stream_append`, after a look at how they start.
+enum AppendInput<S> {
+    /// The input ended before its first request.
+    Empty,
+    /// One request, and the input ended right after it (a heartbeat, when it has no entries).
+    Lone(AppendEntriesRequest<TypeConfig>, futures::stream::Fuse<S>),
+    /// The start of a stream: the requests already taken, then the rest of the input.
+    Stream(Vec<AppendEntriesRequest<TypeConfig>>, futures::stream::Fuse<S>),
+}
+
+/// Takes the first request, then polls the input once more without waiting: a lone request
+/// is told from the start of a replication stream, and a request already there is kept. The
+/// input is fused: openraft's streams must not be polled again once they ended, and the rest
+/// handed back may be chained after the requests taken whatever way the input went.
+async fn peek_input<S>(input: S) -> AppendInput<S>
+where
+    S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin,
+{
+    let mut input = input.fuse();
+    let Some(first) = input.next().await else {
+        return AppendInput::Empty;
+    };
+    match input.next().now_or_never() {
+        Some(None) => AppendInput::Lone(first, input),
+        Some(Some(second)) => AppendInput::Stream(vec![first, second], input),
+        None => AppendInput::Stream(vec![first], input),
+    }
+}
+
 /// Sends a heartbeat as a call on the peer's call stream: `None` when the peer does not know
 /// the call (an older node), so the caller sends it on an append stream instead.
 ///
@@ -415,38 +444,28 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
         let (pool, calls, addr) = (self.pool.clone(), self.calls.clone(), self.addr.clone());
         let refused_at = &mut self.heartbeat_refused_at;
         Box::pin(async move {
-            let mut input = input;
-            let Some(first) = input.next().await else {
-                return Ok(Box::pin(futures::stream::empty()) as BoxStream<'s, _>);
-            };
             // openraft sends a heartbeat as a stream of one append without entries (one per
             // follower per heartbeat, and per round of `strict` reads). It goes as one call on
             // the call stream to the peer instead of opening an HTTP/2 stream of its own: the
             // opening, the server's task and the pump below cost more than the heartbeat.
-            // Polling the input once more tells a lone request from the start of a
-            // replication stream; a request that is already there is kept, not lost.
-            let refused = refused_at.is_some_and(|at| at.elapsed() < RETRY_UNSUPPORTED);
-            let input = match input.next().now_or_never() {
-                Some(None) if first.entries.is_empty() && !refused => {
-                    match heartbeat_call(&calls, &addr, header, &first).await {
-                        Some(result) => {
+            let (first, rest) = match peek_input(input).await {
+                AppendInput::Empty => return Ok(Box::pin(futures::stream::empty()) as BoxStream<'s, _>),
+                AppendInput::Lone(first, rest) if first.entries.is_empty() => {
+                    let refused = refused_at.is_some_and(|at| at.elapsed() < RETRY_UNSUPPORTED);
+                    if !refused {
+                        if let Some(result) = heartbeat_call(&calls, &addr, header, &first).await {
                             calls.heartbeats.calls.fetch_add(1, Ordering::Relaxed);
                             return Ok(Box::pin(futures::stream::once(async { result })) as BoxStream<'s, _>);
                         }
-                        None => {
-                            *refused_at = Some(std::time::Instant::now());
-                            calls.heartbeats.streams.fetch_add(1, Ordering::Relaxed);
-                            futures::stream::iter(vec![first]).chain(input)
-                        }
+                        *refused_at = Some(std::time::Instant::now());
                     }
-                }
-                Some(None) if first.entries.is_empty() => {
                     calls.heartbeats.streams.fetch_add(1, Ordering::Relaxed);
-                    futures::stream::iter(vec![first]).chain(input)
+                    (vec![first], rest)
                 }
-                Some(Some(second)) => futures::stream::iter(vec![first, second]).chain(input),
-                Some(None) | None => futures::stream::iter(vec![first]).chain(input),
+                AppendInput::Lone(first, rest) => (vec![first], rest),
+                AppendInput::Stream(taken, rest) => (taken, rest),
             };
+            let input = futures::stream::iter(first).chain(rest);
             let mut client = client?;
             // Requests handed over and not yet answered: a stream that owes answers and gets
             // none for STREAM_ANSWER_TIMEOUT fails, so openraft replicates again on a new
@@ -627,6 +646,74 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn append(index: u64) -> AppendEntriesRequest<TypeConfig> {
+        AppendEntriesRequest {
+            vote: Vote::new(1, 1),
+            prev_log_id: None,
+            leader_commit: Some(wire::log_id_from_pb(&pb::LogId { term: 1, index })),
+            entries: vec![],
+        }
+    }
+
+    fn commit_index(rpc: &AppendEntriesRequest<TypeConfig>) -> u64 {
+        rpc.leader_commit.map_or(0, |l| l.index)
+    }
+
+    /// A stream that yields `requests`, ends, and panics if polled after it ended (as
+    /// openraft's request streams may).
+    fn strict_input(
+        requests: Vec<AppendEntriesRequest<TypeConfig>>,
+    ) -> impl Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin {
+        let mut requests = requests.into_iter();
+        let mut ended = false;
+        futures::stream::poll_fn(move |_| {
+            assert!(!ended, "polled after it ended");
+            let next = requests.next();
+            ended = next.is_none();
+            std::task::Poll::Ready(next)
+        })
+    }
+
+    #[tokio::test]
+    async fn a_lone_request_is_told_apart_and_its_input_never_polled_after_it_ended() {
+        let AppendInput::Lone(first, rest) = peek_input(strict_input(vec![append(7)])).await else {
+            panic!("a lone request was not told apart");
+        };
+        assert_eq!(commit_index(&first), 7);
+        // Sent on an append stream after all (a peer that refuses heartbeat calls).
+        let sent: Vec<u64> = futures::stream::iter(vec![first]).chain(rest).map(|r| commit_index(&r)).collect().await;
+        assert_eq!(sent, [7]);
+    }
+
+    #[tokio::test]
+    async fn requests_already_there_start_the_stream_in_order() {
+        let AppendInput::Stream(taken, rest) = peek_input(strict_input(vec![append(1), append(2), append(3)])).await
+        else {
+            panic!("three requests were not taken for a stream");
+        };
+        let sent: Vec<u64> = futures::stream::iter(taken).chain(rest).map(|r| commit_index(&r)).collect().await;
+        assert_eq!(sent, [1, 2, 3]);
+    }
+
+    #[tokio::test]
+    async fn a_stream_whose_next_request_is_not_there_yet_is_not_a_lone_request() {
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        tx.unbounded_send(append(1)).expect("send");
+        let AppendInput::Stream(taken, mut rest) = peek_input(rx).await else {
+            panic!("a stream still open was taken for a lone request");
+        };
+        assert_eq!(taken.iter().map(commit_index).collect::<Vec<_>>(), [1]);
+        tx.unbounded_send(append(2)).expect("send");
+        drop(tx);
+        assert_eq!(rest.next().await.as_ref().map(commit_index), Some(2));
+        assert!(rest.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn an_input_without_requests_is_empty() {
+        assert!(matches!(peek_input(strict_input(vec![])).await, AppendInput::Empty));
+    }
 
     #[test]
     fn a_stream_owing_nothing_is_never_overdue() {
