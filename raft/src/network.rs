@@ -252,6 +252,40 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// Replaces the pooled connection to a peer when a vote sent over it got no answer: openraft
+/// gives up on a vote after the minimum election timeout and drops the call, and this guard,
+/// dropped with it, makes the next call to the peer open a new connection.
+///
+/// Votes are unary calls on the connection every group shares with the peer. A connection
+/// that stopped carrying requests (frames lost on a link that came back, a peer that was
+/// paused) would otherwise keep failing every election round of a group whose only other
+/// traffic to that peer is votes: nothing else would notice and replace it. Replacing costs
+/// little: calls already running keep their connection until they end.
+struct VoteInFlight<'a> {
+    pool: &'a ChannelPool,
+    addr: &'a str,
+    answered: bool,
+}
+
+impl<'a> VoteInFlight<'a> {
+    fn new(pool: &'a ChannelPool, addr: &'a str) -> VoteInFlight<'a> {
+        VoteInFlight { pool, addr, answered: false }
+    }
+
+    /// The call ended with the peer's answer, or with an error that is not a lost request.
+    fn ended(&mut self, result: &Result<tonic::Response<pb::VoteResponse>, tonic::Status>) {
+        self.answered = !matches!(result, Err(status) if status.code() == tonic::Code::DeadlineExceeded);
+    }
+}
+
+impl Drop for VoteInFlight<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.pool.forget(self.addr);
+        }
+    }
+}
+
 /// Where a group reports that a follower refused its snapshot as damaged (DATA_LOSS): the
 /// node then hands the group's leadership to a healthy replica (`Node::run`).
 pub type DamageReports = tokio::sync::mpsc::UnboundedSender<GroupId>;
@@ -543,8 +577,11 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RpcError> {
         let request = self.vote_request(rpc);
-        let resp = self.client()?.vote(with_deadline(request, &option)).await.map_err(unreachable)?.into_inner();
-        vote_response(resp)
+        let mut client = self.client()?;
+        let mut in_flight = VoteInFlight::new(&self.pool, &self.addr);
+        let result = client.vote(with_deadline(request, &option)).await;
+        in_flight.ended(&result);
+        vote_response(result.map_err(unreachable)?.into_inner())
     }
 
     async fn pre_vote(
@@ -553,8 +590,11 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RpcError> {
         let request = self.vote_request(rpc);
-        let resp = self.client()?.pre_vote(with_deadline(request, &option)).await.map_err(unreachable)?.into_inner();
-        vote_response(resp)
+        let mut client = self.client()?;
+        let mut in_flight = VoteInFlight::new(&self.pool, &self.addr);
+        let result = client.pre_vote(with_deadline(request, &option)).await;
+        in_flight.ended(&result);
+        vote_response(result.map_err(unreachable)?.into_inner())
     }
 
     async fn full_snapshot(
@@ -746,5 +786,51 @@ mod tests {
         old.answered();
         assert!(!old.overdue());
         assert!(old.waiting().is_some(), "one request is still owed");
+    }
+
+    fn pooled(pool: &ChannelPool, addr: &str) -> bool {
+        pool.channels.lock().unwrap_or_else(|p| p.into_inner()).contains_key(addr)
+    }
+
+    #[tokio::test]
+    async fn a_vote_the_peer_never_answers_replaces_the_pooled_connection() {
+        // A peer whose kernel accepts connections while the process reads nothing (paused, or
+        // behind a link that drops its bytes).
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = silent.local_addr().expect("address").to_string();
+        let pool = Arc::new(ChannelPool::new(None, None).expect("pool"));
+        let (damage, _reports) = tokio::sync::mpsc::unbounded_channel();
+        let mut connection = GroupConnection {
+            header: pb::GroupHeader { group_id: 7, target_replica: 2 },
+            addr: addr.clone(),
+            pool: pool.clone(),
+            calls: Arc::new(Calls::new(pool.clone())),
+            heartbeat_refused_at: None,
+            damage,
+        };
+        for pre_vote in [false, true] {
+            pool.client(&addr).expect("client");
+            let rpc = VoteRequest::new(Vote::new(3, 1), None);
+            let option = RPCOption::new(Duration::from_secs(5));
+            // openraft's election: at most the minimum election timeout, then the call is dropped.
+            let vote = async {
+                if pre_vote { connection.pre_vote(rpc, option).await } else { connection.vote(rpc, option).await }
+            };
+            assert!(tokio::time::timeout(Duration::from_millis(300), vote).await.is_err(), "the peer answers nothing");
+            assert!(!pooled(&pool, &addr), "the next vote (pre_vote: {pre_vote}) goes over a new connection");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_vote_answered_or_refused_by_the_peer_keeps_the_connection() {
+        let pool = ChannelPool::new(None, None).expect("pool");
+        let addr = "127.0.0.1:9";
+        pool.client(addr).expect("client");
+        VoteInFlight::new(&pool, addr).ended(&Ok(tonic::Response::new(pb::VoteResponse::default())));
+        assert!(pooled(&pool, addr), "an answer");
+        VoteInFlight::new(&pool, addr).ended(&Err(tonic::Status::not_found("no replica of group 7 here")));
+        assert!(pooled(&pool, addr), "a refusal is an answer");
+        VoteInFlight::new(&pool, addr).ended(&Err(tonic::Status::deadline_exceeded("no answer in time")));
+        assert!(!pooled(&pool, addr), "a deadline that passed is no answer");
     }
 }
