@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::RwLock;
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use logdex_index::Index;
 use logdex_index::IndexConfig;
 use logdex_log::LogConfig;
@@ -653,11 +654,24 @@ impl Node {
         }
         let assigned: std::collections::HashSet<String> =
             desired.iter().map(|(group, d)| format!("{group}-{}", d.2)).collect();
-        for (group, (topic, record, replica)) in desired {
-            if self.groups_read().contains_key(&group) {
-                continue;
+        // Replicas open a few at a time: opening one reads its segment log (all of it when its
+        // index must be rebuilt), on a blocking thread, so the cores share a node's start.
+        let mut starts = futures::stream::FuturesUnordered::new();
+        let mut waiting = desired
+            .into_iter()
+            .filter(|(group, _)| !self.groups_read().contains_key(group))
+            .map(|(group, (topic, record, replica))| (group, topic, record.clone(), replica));
+        let start = |(group, topic, record, replica): (GroupId, String, PartitionRecord, ReplicaId)| {
+            let state = state.clone();
+            async move { (group, replica, self.start_group(&state, &topic, &record, replica).await) }
+        };
+        for next in waiting.by_ref().take(starts_at_once()) {
+            starts.push(start(next));
+        }
+        while let Some((group, replica, started)) = starts.next().await {
+            if let Some(next) = waiting.next() {
+                starts.push(start(next));
             }
-            let started = self.start_group(&state, &topic, record, replica).await;
             let mut failed = self.inner.failed_starts.lock().unwrap_or_else(|p| p.into_inner());
             if let Err(e) = started {
                 // One replica that cannot open (damaged data, say) must not keep the
@@ -1084,11 +1098,15 @@ impl Node {
             .topics
             .get(topic)
             .map_or_else(|| self.inner.config.log.clone(), |t| t.log_config(&self.inner.config.log));
-        let store = self.inner.tier_store.clone();
-        let (partition, applied) =
-            Partition::open_with_tier(group, replica, &dir, log_config, self.inner.index.clone(), store)?;
+        let (index, store) = (self.inner.index.clone(), self.inner.tier_store.clone());
+        let (partition, applied, snapshots) = tokio::task::spawn_blocking(move || -> Result<_> {
+            let (partition, applied) = Partition::open_with_tier(group, replica, &dir, log_config, index, store)?;
+            let snapshots = SnapshotStore::open(dir.join("snapshots"))?;
+            Ok((partition, applied, snapshots))
+        })
+        .await
+        .map_err(|e| Error::unavailable(format!("opening the replica did not finish: {e}")))??;
         let partition = Arc::new(partition);
-        let snapshots = SnapshotStore::open(dir.join("snapshots"))?;
         let sm = GroupStateMachine::new(GroupData::Partition(partition.clone()), applied, snapshots);
         let raft = Raft::new(
             replica,
@@ -1650,6 +1668,11 @@ fn forward_fn(node: std::sync::Weak<NodeInner>, leader: NodeId, group: GroupId) 
             Node { inner }.send_produce(leader, group, records).await
         })
     })
+}
+
+/// Replicas a node opens at once when it starts them: one per core, at most 4.
+fn starts_at_once() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get).clamp(1, 4)
 }
 
 async fn initialize_group(raft: Raft, members: BTreeMap<u64, pb::Node>, preferred: bool) {
