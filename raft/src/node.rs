@@ -234,8 +234,15 @@ impl Node {
             .map_err(|e| Error::Invalid(e.to_string()))?,
         );
         let tier_store = config.tiered_store.as_deref().map(TierStore::open).transpose()?;
-        let raft_log = RaftLogDb::open(&config.data_dir.join("raft"))?;
-        let index = Index::open(&config.data_dir.join("index"), config.index.clone())?;
+        // Both databases replay their journals when they open (the index's, about 2 s per
+        // million keys after a crash: BENCHMARKS.md, "tenth round"), so they open side by side.
+        let (raft_log, index) = std::thread::scope(|scope| {
+            let raft_log = scope.spawn(|| RaftLogDb::open(&config.data_dir.join("raft")));
+            let index = Index::open(&config.data_dir.join("index"), config.index.clone());
+            (raft_log.join(), index)
+        });
+        let raft_log = raft_log.map_err(|_| Error::unavailable("opening the Raft log database panicked"))??;
+        let index = index?;
         let pool = Arc::new(
             ChannelPool::new(config.rpc_token.as_deref(), config.rpc_source_ip)
                 .map_err(Error::Invalid)?
