@@ -287,8 +287,13 @@ impl Drop for VoteInFlight<'_> {
 }
 
 /// Where a group reports that a follower refused its snapshot as damaged (DATA_LOSS): the
-/// node then hands the group's leadership to a healthy replica (`Node::run`).
-pub type DamageReports = tokio::sync::mpsc::UnboundedSender<GroupId>;
+/// node then hands the group's leadership to a healthy replica (`Node::run`). Bounded
+/// ([`DAMAGE_REPORTS_MAX`]); a report that finds it full is dropped, since the damage is
+/// reported again by the next refused snapshot or scrub pass.
+pub type DamageReports = tokio::sync::mpsc::Sender<GroupId>;
+
+/// Damage reports a node holds before the hand-off task takes them.
+pub const DAMAGE_REPORTS_MAX: usize = 1024;
 
 /// Creates connections for one group.
 pub struct NetworkFactory {
@@ -637,7 +642,7 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
                 reason = status.message(),
                 "a follower refused this replica's snapshot as damaged"
             );
-            let _ = self.damage.send(self.header.group_id);
+            let _ = self.damage.try_send(self.header.group_id);
         }
         let resp = resp.map_err(|e| net(&e))?.into_inner();
         sent.map_err(|e| net(&e))?;
@@ -799,7 +804,7 @@ mod tests {
         let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = silent.local_addr().expect("address").to_string();
         let pool = Arc::new(ChannelPool::new(None, None).expect("pool"));
-        let (damage, _reports) = tokio::sync::mpsc::unbounded_channel();
+        let (damage, _reports) = tokio::sync::mpsc::channel(1);
         let mut connection = GroupConnection {
             header: pb::GroupHeader { group_id: 7, target_replica: 2 },
             addr: addr.clone(),

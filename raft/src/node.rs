@@ -195,7 +195,7 @@ struct NodeInner {
     read_index: std::sync::Mutex<HashMap<(NodeId, bool), Arc<ReadIndexRounds>>>,
     /// Groups whose follower refused this node's snapshot as damaged, for `damage_loop`.
     damage: crate::network::DamageReports,
-    damage_reports: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<GroupId>>>,
+    damage_reports: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<GroupId>>>,
     /// Snapshots received here and refused as damaged.
     damaged_snapshots_refused: std::sync::atomic::AtomicU64,
     /// Tiered storage's object store, when configured.
@@ -249,7 +249,7 @@ impl Node {
                 .with_tls_ca(config.rpc_tls_ca_pem.as_deref()),
         );
         let controller = Controller::open(config.data_dir.join("controller"))?;
-        let (damage, damage_reports) = tokio::sync::mpsc::unbounded_channel();
+        let (damage, damage_reports) = tokio::sync::mpsc::channel(crate::network::DAMAGE_REPORTS_MAX);
         let calls = Arc::new(crate::calls::Calls::new(pool.clone()));
         let controller_raft = Raft::new(
             config.node_id,
@@ -336,7 +336,7 @@ impl Node {
     /// voter furthest along takes
     /// over and sends its own snapshot. At most once per group every
     /// [`DAMAGE_HANDOFF_INTERVAL`]; nothing when this replica no longer leads.
-    async fn damage_loop(&self, mut reports: tokio::sync::mpsc::UnboundedReceiver<GroupId>) {
+    async fn damage_loop(&self, mut reports: tokio::sync::mpsc::Receiver<GroupId>) {
         let mut stop = self.inner.stop.subscribe();
         let mut handed_off: HashMap<GroupId, tokio::time::Instant> = HashMap::new();
         loop {
@@ -773,7 +773,7 @@ impl Node {
         }
         for g in &groups {
             if g.partition.is_damaged() {
-                let _ = self.inner.damage.send(g.group_id);
+                let _ = self.inner.damage.try_send(g.group_id);
             }
         }
     }
