@@ -487,7 +487,7 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
             // follower per heartbeat, and per round of `strict` reads). It goes as one call on
             // the call stream to the peer instead of opening an HTTP/2 stream of its own: the
             // opening, the server's task and the pump below cost more than the heartbeat.
-            let (first, rest) = match peek_input(input).await {
+            let (taken, rest) = match peek_input(input).await {
                 AppendInput::Empty => return Ok(Box::pin(futures::stream::empty()) as BoxStream<'s, _>),
                 AppendInput::Lone(first, rest) if first.entries.is_empty() => {
                     let refused = refused_at.is_some_and(|at| at.elapsed() < RETRY_UNSUPPORTED);
@@ -504,7 +504,7 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
                 AppendInput::Lone(first, rest) => (vec![first], rest),
                 AppendInput::Stream(taken, rest) => (taken, rest),
             };
-            let input = futures::stream::iter(first).chain(rest);
+            let input = futures::stream::iter(taken).chain(rest);
             let mut client = client?;
             // Requests handed over and not yet answered: a stream that owes answers and gets
             // none for STREAM_ANSWER_TIMEOUT fails, so openraft replicates again on a new

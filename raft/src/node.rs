@@ -663,22 +663,18 @@ impl Node {
             desired.iter().map(|(group, d)| format!("{group}-{}", d.2)).collect();
         // Replicas open a few at a time: opening one reads its segment log (all of it when its
         // index must be rebuilt), on a blocking thread, so the cores share a node's start.
-        let mut starts = futures::stream::FuturesUnordered::new();
-        let mut waiting = desired
+        let waiting: Vec<(GroupId, String, PartitionRecord, ReplicaId)> = desired
             .into_iter()
             .filter(|(group, _)| !self.groups_read().contains_key(group))
-            .map(|(group, (topic, record, replica))| (group, topic, record.clone(), replica));
-        let start = |(group, topic, record, replica): (GroupId, String, PartitionRecord, ReplicaId)| {
-            let state = state.clone();
-            async move { (group, replica, self.start_group(&state, &topic, &record, replica).await) }
-        };
-        for next in waiting.by_ref().take(starts_at_once()) {
-            starts.push(start(next));
-        }
+            .map(|(group, (topic, record, replica))| (group, topic, record.clone(), replica))
+            .collect();
+        let cluster = &state;
+        let mut starts = futures::stream::iter(waiting)
+            .map(|(group, topic, record, replica)| async move {
+                (group, replica, self.start_group(cluster, &topic, &record, replica).await)
+            })
+            .buffer_unordered(starts_at_once());
         while let Some((group, replica, started)) = starts.next().await {
-            if let Some(next) = waiting.next() {
-                starts.push(start(next));
-            }
             let mut failed = self.inner.failed_starts.lock().unwrap_or_else(|p| p.into_inner());
             if let Err(e) = started {
                 // One replica that cannot open (damaged data, say) must not keep the
