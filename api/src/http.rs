@@ -127,17 +127,14 @@ struct CreateTopicBody {
     name: String,
     #[serde(default = "default_partitions")]
     partitions: u32,
-    #[serde(default = "default_replication_factor")]
-    replication_factor: u32,
+    /// `None`: [`logdex_raft::node::Node::default_replication_factor`].
+    #[serde(default)]
+    replication_factor: Option<u32>,
     #[serde(default)]
     config: BTreeMap<String, Value>,
 }
 
 fn default_partitions() -> u32 {
-    1
-}
-
-fn default_replication_factor() -> u32 {
     1
 }
 
@@ -171,17 +168,18 @@ async fn create_topic(State(s): State<AppState>, body: Bytes) -> Result<Response
     logdex_raft::controller::validate_topic_name(&req.name).map_err(|m| ApiError::bad("invalid_topic", m))?;
     let config = config_strings(req.config)?;
     logdex_raft::controller::validate_config(&config).map_err(|m| ApiError::bad("invalid_config", m))?;
+    let replication_factor = req.replication_factor.unwrap_or_else(|| s.router.node.default_replication_factor());
     let cmd = pb::ControllerCommand {
         kind: Some(pb::controller_command::Kind::CreateTopic(pb::CreateTopic {
             name: req.name.clone(),
             partitions: req.partitions,
-            replication_factor: req.replication_factor,
+            replication_factor,
             config: config.into_iter().collect(),
         })),
     };
     // Nodes of an initial cluster start in any order: wait (bounded) for the nodes the
     // cluster names to register, rather than refuse a replication factor it will have.
-    s.router.node.wait_registered_nodes(req.replication_factor as usize, Duration::from_secs(10)).await;
+    s.router.node.wait_registered_nodes(replication_factor as usize, Duration::from_secs(10)).await;
     let result = s.router.node.controller_write(cmd, false).await?;
     if let Some(e) = controller_error(&result) {
         return Err(e);

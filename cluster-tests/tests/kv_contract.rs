@@ -519,9 +519,11 @@ async fn base64_batch_round_trips(cluster: &Cluster, topic: &str) -> Result<()> 
 
 /// Creating a topic that exists identically answers 200 with its description (from any node);
 /// a different spec under the same name answers 409; a replication factor above the node count
-/// answers 400; neither changes anything.
+/// answers 400; neither changes anything. A create naming only the topic gets one partition and
+/// three replicas.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn creating_a_topic_is_idempotent_and_conflicting_or_impossible_specs_are_rejected() -> Result<()> {
+async fn creating_a_topic_is_idempotent_defaults_to_three_replicas_and_rejects_conflicting_or_impossible_specs()
+-> Result<()> {
     let cluster = Cluster::start(NODES).await?;
     let outcome = topic_creation(&cluster).await;
     cluster.finish(outcome)
@@ -555,6 +557,18 @@ async fn topic_creation(cluster: &Cluster) -> Result<()> {
     ensure_eq!((now.partitions.len(), now.replication_factor), (3, 3), "admin after rejected creates");
     ensure_eq!(now.config.get("cleanup.policy").and_then(Value::as_str), Some("compact"), "admin cleanup.policy");
     api.describe(&cluster.url(1), "too-wide").await?.expect_error(404, "topic_not_found")?;
+
+    // Only a name: one partition, one replica on each of the three nodes, and the same create
+    // spelling the defaults out is identical.
+    let url = format!("{}/topics", cluster.url(2));
+    let bare = api.request(Method::POST, &url, Some(Body::Json(json!({"name": "bare"})))).await?;
+    bare.expect_status(201)?;
+    let described: TopicDescription = bare.decode()?;
+    ensure_eq!((described.partitions.len(), described.replication_factor), (1, 3), "defaults of a bare create");
+    let mut replicas = described.partitions[0].replicas.clone();
+    replicas.sort_unstable();
+    ensure_eq!(replicas, cluster.node_ids(), "replicas of a bare create");
+    api.create_topic(&cluster.url(3), &TopicSpec::compacted("bare", 1, 3)).await?.expect_status(200)?;
     Ok(())
 }
 

@@ -51,6 +51,8 @@ pub const CONTROLLER_VOTERS_DEFAULT: usize = 3;
 /// Default: a group snapshots after this many applied entries; its Raft log is
 /// then purged up to the snapshot, keeping a fifth of that behind it.
 pub const SNAPSHOT_EVERY_ENTRIES: u64 = 5000;
+/// Replication factor of a topic created without one, when the cluster has that many nodes.
+pub const DEFAULT_REPLICATION_FACTOR_MAX: u32 = 3;
 /// Bound on one step of a partition move (a learner catching up, a membership change).
 pub const MOVE_STEP_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a write or a read waits for its group before answering unavailable.
@@ -538,6 +540,13 @@ impl Node {
                 Ok(Err(_)) | Err(_) => return false,
             }
         }
+    }
+
+    /// The replication factor of a topic created without one: three replicas, or one per node
+    /// when the cluster names fewer nodes (voters and learners of the controller group, so the
+    /// nodes of `--peers` count before they registered).
+    pub fn default_replication_factor(&self) -> u32 {
+        self.controller_member_count().clamp(1, DEFAULT_REPLICATION_FACTOR_MAX as usize) as u32
     }
 
     /// Waits (up to `bound`) until `count` nodes have registered, if the controller group's
