@@ -1017,6 +1017,7 @@ async fn metrics(State(s): State<AppState>) -> Response {
     let sync = s.router.node.raft_log_sync_stats();
     let reads = s.router.node.read_index_stats();
     let heartbeats = s.router.node.heartbeat_stats();
+    let appends = s.router.node.append_stats();
     for (name, help, v) in [
         (
             "logdex_follower_linearizable_reads_total",
@@ -1037,6 +1038,16 @@ async fn metrics(State(s): State<AppState>) -> Response {
             "logdex_heartbeat_streams_total",
             "Heartbeats sent on append streams of their own, to peers that do not take them as calls.",
             &heartbeats.streams,
+        ),
+        (
+            "logdex_append_requests_total",
+            "Requests sent on the replication streams of this node's leader replicas.",
+            &appends.requests,
+        ),
+        (
+            "logdex_commit_notices_replaced_total",
+            "Replication requests that carried only a commit index and were replaced by the next request of their stream.",
+            &appends.commit_notices_replaced,
         ),
         (
             "logdex_damaged_snapshots_refused_total",

@@ -4,6 +4,8 @@
 //! concurrent reads of several partitions share one read-index call per leader node.
 //! The quorum round of a strict read (a heartbeat from the leader) travels as a call on
 //! the call streams, or on append streams to nodes that do not take heartbeat calls.
+//! A leader holds back requests that only carry a new commit index for a moment, and
+//! neither reads nor the end of a burst of writes wait on them for long.
 
 use logdex_cluster_tests::Cluster;
 use logdex_cluster_tests::Read;
@@ -23,6 +25,9 @@ const MANY_KEYS: usize = 12;
 const MANY_ROUNDS: usize = 30;
 /// The node every read of the concurrent rounds goes to.
 const READER: u64 = 1;
+/// Writers of a burst, and the writes each sends.
+const BURST_WRITERS: usize = 8;
+const BURST_WRITES: usize = 40;
 
 /// For each round: write a new value for one key through the partition leader,
 /// and as soon as it is acknowledged read it back from both followers, one in
@@ -112,6 +117,64 @@ async fn rounds(cluster: &Cluster) -> Result<()> {
             ensure_eq!(read.text(), value, "round {round}: node {follower} in {mode:?} mode");
             ensure!(read.header_u64("x-kv-offset")? >= offset, "round {round}: stale offset from node {follower}");
             ensure_eq!(read.header_u64("x-kv-node")?, follower, "round {round}: read was not served by the follower");
+        }
+    }
+    Ok(())
+}
+
+/// Concurrent writes to one partition: the leader replaced commit notices by the next
+/// request of their stream (`logdex_commit_notices_replaced_total`), and once the burst is
+/// acknowledged both followers reach the leader's high watermark without being asked (the
+/// last notice goes after its hold), with the burst's last value for every key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_apply_a_burst_of_writes_whose_commit_notices_were_held_back() -> Result<()> {
+    let cluster = Cluster::start(3).await?;
+    let outcome = burst(&cluster).await;
+    cluster.finish(outcome)
+}
+
+async fn burst(cluster: &Cluster) -> Result<()> {
+    let api = cluster.api();
+    api.create_topic(&cluster.url(1), &TopicSpec::compacted(TOPIC, 1, 3)).await?.expect_status(201)?;
+    let (leader, followers) = leader_and_followers(cluster).await?;
+    let mut writers = tokio::task::JoinSet::new();
+    for w in 0..BURST_WRITERS {
+        let (api, url) = (api.clone(), cluster.url(leader));
+        writers.spawn(async move {
+            for i in 0..BURST_WRITES {
+                let put = api.put(&url, TOPIC, format!("writer-{w}").as_bytes(), format!("{i}").as_bytes()).await?;
+                put.expect_status(200)?;
+            }
+            Ok::<_, logdex_cluster_tests::Error>(())
+        });
+    }
+    while let Some(joined) = writers.join_next().await {
+        joined.map_err(|e| logdex_cluster_tests::Error::Check(e.to_string()))??;
+    }
+    let replaced = cluster.metric(leader, "logdex_commit_notices_replaced_total").await?;
+    ensure!(replaced > 0, "the leader replaced no commit notice in a burst of {BURST_WRITERS} writers");
+    let high_watermark = (BURST_WRITERS * BURST_WRITES) as u64;
+    for follower in followers {
+        // Bounded: the notice of the burst's last commit goes after a hold of about 1 ms.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let read = api.get(&cluster.url(follower), TOPIC, b"writer-0", &Read::follower()).await?;
+            read.expect_status(200)?;
+            let seen = read.header_u64("x-kv-high-watermark")?;
+            if seen == high_watermark {
+                break;
+            }
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "node {follower} stayed at high watermark {seen} of {high_watermark} after the burst"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for w in 0..BURST_WRITERS {
+            let read =
+                api.get(&cluster.url(follower), TOPIC, format!("writer-{w}").as_bytes(), &Read::follower()).await?;
+            read.expect_status(200)?;
+            ensure_eq!(read.text(), format!("{}", BURST_WRITES - 1), "writer-{w} on node {follower}");
         }
     }
     Ok(())

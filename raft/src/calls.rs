@@ -69,6 +69,8 @@ pub struct Calls {
     peers: Mutex<HashMap<String, Arc<CallStream>>>,
     /// How this node's leader replicas sent their heartbeats.
     pub heartbeats: HeartbeatStats,
+    /// What this node's leader replicas sent on their replication streams.
+    pub appends: AppendStats,
 }
 
 /// Heartbeats sent by the leader replicas of a node, by how they travelled.
@@ -80,9 +82,24 @@ pub struct HeartbeatStats {
     pub streams: AtomicU64,
 }
 
+/// Requests sent on the replication streams of a node's leader replicas.
+#[derive(Debug, Default)]
+pub struct AppendStats {
+    /// Requests sent.
+    pub requests: AtomicU64,
+    /// Requests that carried only a commit index and were replaced by the next request of
+    /// their stream (see `network::COMMIT_NOTICE_HOLD`).
+    pub commit_notices_replaced: AtomicU64,
+}
+
 impl Calls {
     pub fn new(pool: Arc<ChannelPool>) -> Calls {
-        Calls { pool, peers: Mutex::new(HashMap::new()), heartbeats: HeartbeatStats::default() }
+        Calls {
+            pool,
+            peers: Mutex::new(HashMap::new()),
+            heartbeats: HeartbeatStats::default(),
+            appends: AppendStats::default(),
+        }
     }
 
     /// Sends `call` to the node at `addr` and waits at most `timeout` for its answer.

@@ -33,6 +33,7 @@ use openraft::raft::VoteResponse;
 use tonic::transport::Channel;
 use tonic::transport::Endpoint;
 
+use crate::calls::AppendStats;
 use crate::calls::Calls;
 use crate::calls::RETRY_UNSUPPORTED;
 use crate::pb;
@@ -301,11 +302,19 @@ pub struct NetworkFactory {
     pool: Arc<ChannelPool>,
     calls: Arc<Calls>,
     damage: DamageReports,
+    /// `Some`: the group's commit notices may be held back ([`COMMIT_NOTICE_HOLD`]).
+    commit_release: Option<CommitNoticeRelease>,
 }
 
 impl NetworkFactory {
-    pub fn new(group: GroupId, pool: Arc<ChannelPool>, calls: Arc<Calls>, damage: DamageReports) -> NetworkFactory {
-        NetworkFactory { group, pool, calls, damage }
+    pub fn new(
+        group: GroupId,
+        pool: Arc<ChannelPool>,
+        calls: Arc<Calls>,
+        damage: DamageReports,
+        commit_release: Option<CommitNoticeRelease>,
+    ) -> NetworkFactory {
+        NetworkFactory { group, pool, calls, damage, commit_release }
     }
 }
 
@@ -320,6 +329,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             calls: self.calls.clone(),
             heartbeat_refused_at: None,
             damage: self.damage.clone(),
+            commit_release: self.commit_release.clone(),
         }
     }
 }
@@ -334,6 +344,7 @@ pub struct GroupConnection {
     /// streams for [`RETRY_UNSUPPORTED`] after it.
     heartbeat_refused_at: Option<std::time::Instant>,
     damage: DamageReports,
+    commit_release: Option<CommitNoticeRelease>,
 }
 
 fn unreachable(e: impl std::fmt::Display) -> RpcError {
@@ -410,6 +421,84 @@ where
     }
 }
 
+/// Longest a request of a replication stream that carries only a new commit index is held
+/// back for the stream's next request, which carries the same commit or a later one and
+/// replaces it. Tokio's timer rounds it up to its 1 ms tick.
+pub const COMMIT_NOTICE_HOLD: Duration = Duration::from_micros(500);
+
+/// The read indexes a group's leader replica answered, which let its held commit notices go.
+#[derive(Debug, Default)]
+pub struct CommitRelease {
+    /// The highest read index answered.
+    wanted: std::sync::atomic::AtomicU64,
+    /// Wakes the notices held when a read index is answered.
+    notify: tokio::sync::Notify,
+}
+
+impl CommitRelease {
+    /// A follower was answered the read index `index` and waits until it applied it: the
+    /// notices held now go, and so does every later one until its stream has sent a commit
+    /// at or beyond `index`.
+    pub fn release(&self, index: u64) {
+        self.wanted.fetch_max(index, Ordering::AcqRel);
+        self.notify.notify_waiters();
+    }
+}
+
+/// Shared by a group's replica and the connections of its Raft instance.
+pub type CommitNoticeRelease = Arc<CommitRelease>;
+
+/// `rpc`, or the request of the stream that replaces it, and whether the input ended.
+///
+/// A request without entries that follows others of the stream only tells the follower a
+/// new commit index (the leader sends one each time its commit advances while it has no
+/// new entries for the follower). The next request of the stream starts where it starts and
+/// carries the same or a later commit, so it may take its place: the follower applies a
+/// little later, and handles one message, one apply and one answer instead of two. The
+/// hold ends with the next request, after `hold` ([`COMMIT_NOTICE_HOLD`]), or when a read
+/// index is answered ([`CommitRelease`]); there is none while a read index answered is
+/// beyond `sent_commit`, the commit index the stream sent last. Raft is unaffected: a replaced request is one the network could have lost,
+/// and openraft matches answers by log id, not one to one.
+async fn commit_notice_or_successor<S>(
+    mut rpc: AppendEntriesRequest<TypeConfig>,
+    input: &mut S,
+    hold: Duration,
+    release: &CommitRelease,
+    sent_commit: u64,
+    stats: &AppendStats,
+) -> (AppendEntriesRequest<TypeConfig>, bool)
+where
+    S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin,
+{
+    if !rpc.entries.is_empty() {
+        return (rpc, false);
+    }
+    // Waits for wake-ups from here on, so a read index answered after the look below is not missed.
+    let released = release.notify.notified();
+    tokio::pin!(released);
+    if release.wanted.load(Ordering::Acquire) > sent_commit {
+        return (rpc, false);
+    }
+    let hold = tokio::time::sleep(hold);
+    tokio::pin!(hold);
+    loop {
+        tokio::select! {
+            next = input.next() => match next {
+                Some(next) => {
+                    stats.commit_notices_replaced.fetch_add(1, Ordering::Relaxed);
+                    rpc = next;
+                    if !rpc.entries.is_empty() {
+                        return (rpc, false);
+                    }
+                }
+                None => return (rpc, true),
+            },
+            _ = &mut hold => return (rpc, false),
+            _ = &mut released => return (rpc, false),
+        }
+    }
+}
+
 /// Sends a heartbeat as a call on the peer's call stream: `None` when the peer does not know
 /// the call (an older node), so the caller sends it on an append stream instead.
 ///
@@ -482,6 +571,7 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
         let client = self.client();
         let (pool, calls, addr) = (self.pool.clone(), self.calls.clone(), self.addr.clone());
         let refused_at = &mut self.heartbeat_refused_at;
+        let release = self.commit_release.clone();
         Box::pin(async move {
             // openraft sends a heartbeat as a stream of one append without entries (one per
             // follower per heartbeat, and per round of `strict` reads). It goes as one call on
@@ -517,11 +607,25 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
             let (queue, queued) = tokio::sync::mpsc::channel::<pb::AppendEntriesRequest>(1);
             let pump = {
                 let owed = owed.clone();
+                let (release, calls) = (release.clone(), calls.clone());
                 let mut input = input;
                 tokio::spawn(async move {
+                    // The first request may be a probe: it goes at once.
+                    let mut first = true;
+                    let mut sent_commit = 0;
                     while let Some(rpc) = input.next().await {
+                        let (rpc, ended) = match &release {
+                            Some(release) if !first => {
+                                let (hold, stats) = (COMMIT_NOTICE_HOLD, &calls.appends);
+                                commit_notice_or_successor(rpc, &mut input, hold, release, sent_commit, stats).await
+                            }
+                            _ => (rpc, false),
+                        };
+                        first = false;
+                        sent_commit = rpc.leader_commit.map_or(0, |c| c.index);
+                        calls.appends.requests.fetch_add(1, Ordering::Relaxed);
                         owed.handed_over();
-                        if queue.send(append_request_to_pb(header, &rpc)).await.is_err() {
+                        if queue.send(append_request_to_pb(header, &rpc)).await.is_err() || ended {
                             break;
                         }
                     }
@@ -691,6 +795,9 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::Entry;
+    use crate::types::EntryPayload;
+    use openraft::entry::RaftEntry;
 
     fn append(index: u64) -> AppendEntriesRequest<TypeConfig> {
         AppendEntriesRequest {
@@ -755,6 +862,90 @@ mod tests {
         assert!(rest.next().await.is_none());
     }
 
+    fn with_entry(index: u64) -> AppendEntriesRequest<TypeConfig> {
+        let log_id = wire::log_id_from_pb(&pb::LogId { term: 1, index });
+        AppendEntriesRequest { entries: vec![Entry::new(log_id, EntryPayload::Blank)], ..append(index) }
+    }
+
+    /// Runs the hold of `first` over `input` (the stream sent commit 3 last) and returns the
+    /// commit index of the request sent, whether the input ended, its entries, and how many
+    /// requests it replaced.
+    async fn hold<S>(
+        first: AppendEntriesRequest<TypeConfig>,
+        input: &mut S,
+        hold: Duration,
+        release: &CommitRelease,
+    ) -> (u64, bool, usize, u64)
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin,
+    {
+        let stats = AppendStats::default();
+        let (sent, ended) = commit_notice_or_successor(first, input, hold, release, 3, &stats).await;
+        (commit_index(&sent), ended, sent.entries.len(), stats.commit_notices_replaced.load(Ordering::Relaxed))
+    }
+
+    const AN_HOUR: Duration = Duration::from_secs(3600);
+
+    #[tokio::test]
+    async fn a_request_with_entries_is_never_held() {
+        let (_tx, mut rx) = futures::channel::mpsc::unbounded::<AppendEntriesRequest<TypeConfig>>();
+        assert_eq!(hold(with_entry(4), &mut rx, AN_HOUR, &CommitRelease::default()).await, (4, false, 1, 0));
+    }
+
+    #[tokio::test]
+    async fn commit_notices_are_replaced_by_the_next_request_with_entries() {
+        let release = CommitRelease::default();
+        let mut input = strict_input(vec![append(5), append(6), with_entry(7), append(8)]);
+        assert_eq!(hold(append(4), &mut input, AN_HOUR, &release).await, (7, false, 1, 3));
+        // The notice after it waits again, then goes when the input ends.
+        let next = input.next().await.expect("a request");
+        assert_eq!(hold(next, &mut input, AN_HOUR, &release).await, (8, true, 0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_commit_notice_goes_after_its_hold_when_nothing_follows() {
+        let (_tx, mut rx) = futures::channel::mpsc::unbounded::<AppendEntriesRequest<TypeConfig>>();
+        let started = std::time::Instant::now();
+        let release = CommitRelease::default();
+        assert_eq!(hold(append(4), &mut rx, COMMIT_NOTICE_HOLD, &release).await, (4, false, 0, 0));
+        assert!(started.elapsed() >= COMMIT_NOTICE_HOLD);
+    }
+
+    #[tokio::test]
+    async fn a_held_commit_notice_goes_at_once_when_a_read_index_is_answered() {
+        let (_tx, mut rx) = futures::channel::mpsc::unbounded::<AppendEntriesRequest<TypeConfig>>();
+        let release = Arc::new(CommitRelease::default());
+        let releaser = {
+            let release = release.clone();
+            tokio::spawn(async move {
+                // Answered while the notice is held (this test runs on one thread).
+                tokio::task::yield_now().await;
+                release.release(4);
+            })
+        };
+        let held = hold(append(4), &mut rx, AN_HOUR, &release);
+        assert_eq!(tokio::time::timeout(Duration::from_secs(10), held).await.expect("released"), (4, false, 0, 0));
+        releaser.await.expect("releaser");
+    }
+
+    #[tokio::test]
+    async fn notices_are_not_held_while_a_read_index_answered_is_beyond_the_commit_sent() {
+        let (_tx, mut rx) = futures::channel::mpsc::unbounded::<AppendEntriesRequest<TypeConfig>>();
+        let release = CommitRelease::default();
+        // Answered before the notice carrying it reached the stream.
+        release.release(5);
+        let held = hold(append(4), &mut rx, AN_HOUR, &release);
+        assert_eq!(tokio::time::timeout(Duration::from_secs(10), held).await.expect("not held"), (4, false, 0, 0));
+        // A read index the stream already sent a commit for (3, in `hold`) keeps nobody waiting.
+        let release = CommitRelease::default();
+        release.release(3);
+        let (_tx, mut rx) = futures::channel::mpsc::unbounded::<AppendEntriesRequest<TypeConfig>>();
+        let held = hold(append(6), &mut rx, Duration::from_millis(50), &release);
+        let started = std::time::Instant::now();
+        assert_eq!(held.await, (6, false, 0, 0));
+        assert!(started.elapsed() >= Duration::from_millis(50));
+    }
+
     #[tokio::test]
     async fn an_input_without_requests_is_empty() {
         assert!(matches!(peek_input(strict_input(vec![])).await, AppendInput::Empty));
@@ -812,6 +1003,7 @@ mod tests {
             calls: Arc::new(Calls::new(pool.clone())),
             heartbeat_refused_at: None,
             damage,
+            commit_release: None,
         };
         for pre_vote in [false, true] {
             pool.client(&addr).expect("client");

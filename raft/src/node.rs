@@ -26,6 +26,7 @@ use crate::error::Error;
 use crate::error::Result;
 use crate::log_store::RaftLogDb;
 use crate::network::ChannelPool;
+use crate::network::CommitNoticeRelease;
 use crate::network::NetworkFactory;
 use crate::network::RPC_TIMEOUT;
 use crate::partition::KeyRead;
@@ -165,6 +166,8 @@ pub struct HostedGroup {
     pub partition: Arc<Partition>,
     /// Batches concurrent produces into one entry while this replica leads.
     pub batcher: Batcher,
+    /// Sends the commit notices this replica holds back as leader (a follower waits for one).
+    pub commit_release: CommitNoticeRelease,
 }
 
 /// Read-index rounds to one leader node: each caller names its group.
@@ -256,7 +259,7 @@ impl Node {
         let controller_raft = Raft::new(
             config.node_id,
             raft_config.clone(),
-            NetworkFactory::new(CONTROLLER_GROUP, pool.clone(), calls.clone(), damage.clone()),
+            NetworkFactory::new(CONTROLLER_GROUP, pool.clone(), calls.clone(), damage.clone(), None),
             raft_log.group(config.node_id),
             GroupStateMachine::for_controller(controller.clone())?,
         )
@@ -1120,15 +1123,17 @@ impl Node {
         .map_err(|e| Error::unavailable(format!("opening the replica did not finish: {e}")))??;
         let partition = Arc::new(partition);
         let sm = GroupStateMachine::new(GroupData::Partition(partition.clone()), applied, snapshots);
-        let raft = Raft::new(
-            replica,
-            self.inner.raft_config.clone(),
-            NetworkFactory::new(group, self.inner.pool.clone(), self.inner.calls.clone(), self.inner.damage.clone()),
-            self.inner.raft_log.group(replica),
-            sm,
-        )
-        .await
-        .map_err(Error::unavailable)?;
+        let commit_release = CommitNoticeRelease::default();
+        let network = NetworkFactory::new(
+            group,
+            self.inner.pool.clone(),
+            self.inner.calls.clone(),
+            self.inner.damage.clone(),
+            Some(commit_release.clone()),
+        );
+        let raft = Raft::new(replica, self.inner.raft_config.clone(), network, self.inner.raft_log.group(replica), sm)
+            .await
+            .map_err(Error::unavailable)?;
         let initializes = record.moves == 0 && record.target.is_none();
         let members: BTreeMap<u64, pb::Node> = record
             .replicas
@@ -1148,6 +1153,7 @@ impl Node {
             partition_no: record.partition,
             raft: raft.clone(),
             partition,
+            commit_release,
             batcher,
         });
         self.inner.groups.write().unwrap_or_else(|p| p.into_inner()).insert(group, hosted);
@@ -1221,6 +1227,11 @@ impl Node {
     /// How this node's leader replicas sent their heartbeats.
     pub fn heartbeat_stats(&self) -> &crate::calls::HeartbeatStats {
         &self.inner.calls.heartbeats
+    }
+
+    /// What this node's leader replicas sent on their replication streams.
+    pub fn append_stats(&self) -> &crate::calls::AppendStats {
+        &self.inner.calls.appends
     }
 
     /// Group-commit counters of this node's Raft log.

@@ -122,6 +122,11 @@ impl Service {
         let group = req.header.as_ref().map_or(0, |h| h.group_id);
         let raft = self.raft_for(req.header)?;
         let read = leader_read_log_id(&raft, group, req.strict).await.map_err(fatal)?;
+        // The follower that asked waits until it applied `read`: the commit notices held back
+        // for its stream go now (a notice not yet held when this runs waits its hold out).
+        if let Some(hosted) = self.node.group(group) {
+            hosted.commit_release.release(read.index);
+        }
         Ok(pb::ReadIndexResponse { read_log_id: Some(wire::log_id_to_pb(&read)) })
     }
 
