@@ -1061,6 +1061,21 @@ async fn metrics(State(s): State<AppState>) -> Response {
         let _ =
             writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{node=\"{node}\"}} {}", v.load(Relaxed));
     }
+    let records = s.router.node.record_cache();
+    let ((hits, misses), (bytes, capacity)) = (records.hits_and_misses(), records.bytes_and_capacity());
+    for (name, kind, help, v) in [
+        ("logdex_record_cache_hits_total", "counter", "Key lookups that found their record in the record cache.", hits),
+        (
+            "logdex_record_cache_misses_total",
+            "counter",
+            "Key lookups that read their record from the segment log.",
+            misses,
+        ),
+        ("logdex_record_cache_bytes", "gauge", "Bytes of records held by the record cache.", bytes),
+        ("logdex_record_cache_capacity_bytes", "gauge", "Bound of the record cache (--record-cache-mb).", capacity),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{node=\"{node}\"}} {v}");
+    }
     s.guard.metrics.render(&mut out);
     ([("content-type", "text/plain; version=0.0.4")], out).into_response()
 }

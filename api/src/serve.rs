@@ -99,6 +99,10 @@ pub struct ServeArgs {
     /// on this node.
     #[arg(long, env = "LOGDEX_TIERED_STORE")]
     pub tiered_store: Option<String>,
+    /// Memory for records that key lookups read, kept for the next lookups of the same keys
+    /// (one cache for every partition of the node), in MiB; 0 turns it off.
+    #[arg(long, env = "LOGDEX_RECORD_CACHE_MB", default_value_t = 64)]
+    pub record_cache_mb: u64,
     /// Snapshot a group after this many applied entries; its Raft log is purged behind the snapshot.
     #[arg(long, env = "LOGDEX_SNAPSHOT_EVERY", default_value_t = logdex_raft::node::SNAPSHOT_EVERY_ENTRIES)]
     pub snapshot_every: u64,
@@ -171,6 +175,7 @@ impl ServeArgs {
             index: IndexConfig::default(),
             cleaner_interval_ms: self.cleaner_interval_ms,
             tiered_store: self.tiered_store.clone(),
+            record_cache_bytes: self.record_cache_mb.saturating_mul(1024 * 1024),
             controller_voters: self.controller_voters,
             // Outgoing node-to-node connections leave from the RPC listen IP
             // when a node listens on its own loopback address (127.0.0.2, ...),

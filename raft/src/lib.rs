@@ -21,6 +21,7 @@ pub mod log_store;
 pub mod network;
 pub mod node;
 pub mod partition;
+pub mod record_cache;
 pub mod service;
 pub mod snapshot;
 pub mod state_machine;

@@ -122,6 +122,9 @@ pub struct NodeConfig {
     /// The object store of tiered storage (a directory every node shares, or a `file://`
     /// URL); topics with `remote.storage.enable=true` copy their sealed segments there.
     pub tiered_store: Option<String>,
+    /// Bytes of looked-up records kept in memory for the next lookups of their keys
+    /// (shared by every replica of the node; 0: none). See `crate::record_cache`.
+    pub record_cache_bytes: u64,
 }
 
 impl NodeConfig {
@@ -205,6 +208,8 @@ struct NodeInner {
     damaged_snapshots_refused: std::sync::atomic::AtomicU64,
     /// Tiered storage's object store, when configured.
     tier_store: Option<TierStore>,
+    /// Records read by lookups, for every replica of the node.
+    records: crate::record_cache::RecordCache,
     /// Per group, the trim point whose objects this node last collected.
     tier_collected: std::sync::Mutex<HashMap<GroupId, u64>>,
     stop: tokio::sync::watch::Sender<bool>,
@@ -266,6 +271,7 @@ impl Node {
         .await
         .map_err(Error::unavailable)?;
         let (stop, _) = tokio::sync::watch::channel(false);
+        let records = crate::record_cache::RecordCache::new(config.record_cache_bytes);
         Ok(Node {
             inner: Arc::new(NodeInner {
                 config,
@@ -286,6 +292,7 @@ impl Node {
                 damage_reports: std::sync::Mutex::new(Some(damage_reports)),
                 damaged_snapshots_refused: Default::default(),
                 tier_store,
+                records,
                 tier_collected: Default::default(),
                 stop,
             }),
@@ -1114,8 +1121,10 @@ impl Node {
             .get(topic)
             .map_or_else(|| self.inner.config.log.clone(), |t| t.log_config(&self.inner.config.log));
         let (index, store) = (self.inner.index.clone(), self.inner.tier_store.clone());
+        let records = self.inner.records.clone();
         let (partition, applied, snapshots) = tokio::task::spawn_blocking(move || -> Result<_> {
             let (partition, applied) = Partition::open_with_tier(group, replica, &dir, log_config, index, store)?;
+            let partition = partition.with_record_cache(records);
             let snapshots = SnapshotStore::open(dir.join("snapshots"))?;
             Ok((partition, applied, snapshots))
         })
@@ -1232,6 +1241,11 @@ impl Node {
     /// What this node's leader replicas sent on their replication streams.
     pub fn append_stats(&self) -> &crate::calls::AppendStats {
         &self.inner.calls.appends
+    }
+
+    /// The node's cache of looked-up records (for its metrics).
+    pub fn record_cache(&self) -> &crate::record_cache::RecordCache {
+        &self.inner.records
     }
 
     /// Group-commit counters of this node's Raft log.

@@ -40,6 +40,7 @@ use serde::Serialize;
 use crate::error::Error;
 use crate::error::Result;
 use crate::pb;
+use crate::record_cache::RecordCache;
 use crate::tier::Manifest;
 use crate::tier::RemoteSegment;
 use crate::tier::TierCache;
@@ -117,6 +118,8 @@ pub struct Partition {
     /// writes its own): checkpoints run from the checkpointer, local retention and snapshot
     /// staging, and one computed before another must not be written after it.
     checkpointing: std::sync::Mutex<()>,
+    /// Records lookups read, shared by the node's replicas (see [`crate::record_cache`]).
+    records: RecordCache,
     /// Counters for metrics.
     pub counters: Counters,
 }
@@ -293,8 +296,16 @@ impl Partition {
             tier,
             compacting: std::sync::Mutex::new(()),
             checkpointing: std::sync::Mutex::new(()),
+            records: RecordCache::disabled(),
             counters: Counters::default(),
         }
+    }
+
+    /// Lookups of this replica keep the records they read in `records` and read them there
+    /// next time (a replica opened without it reads the segment log every time).
+    pub fn with_record_cache(mut self, records: RecordCache) -> Partition {
+        self.records = records;
+        self
     }
 
     /// The directory holding this replica's files.
@@ -505,9 +516,17 @@ impl Partition {
         // The keys and the high watermark that covers them become visible together: a reader
         // that sees the new high watermark (a `min_offset` read waits for it) finds every key
         // of these batches, and no lookup answers an offset the high watermark does not cover.
-        let _visible = self.visibility.write().map_err(|_| Error::Corrupted("visibility lock poisoned".into()))?;
+        let visible = self.visibility.write().map_err(|_| Error::Corrupted("visibility lock poisoned".into()))?;
         self.index.apply(self.replica, &updates, &marker)?;
         self.high_watermark.store(next_offset, Ordering::Release);
+        drop(visible);
+        drop(updates);
+        // The keys just written are the likeliest to be looked up next.
+        for (offset, record) in records_per_batch.into_iter().flatten() {
+            if record.key.is_some() && record.value.is_some() {
+                self.records.insert(self.replica, offset, Arc::new(record));
+            }
+        }
         Ok(results)
     }
 
@@ -605,8 +624,23 @@ impl Partition {
                         return Ok(KeyRead::Evicted { offset });
                     };
                     remote.read_record(offset)?
+                } else if let Some(record) = self.records.get(self.replica, offset) {
+                    // Still in the log (checked above under its lock): the same record as there.
+                    drop(log);
+                    if record.key.as_deref() == Some(key) {
+                        return Ok(KeyRead::Found { offset, record: Record::clone(&record) });
+                    }
+                    Some((offset, Record::clone(&record)))
                 } else {
-                    log.read_record(offset)?
+                    let found = log.read_record(offset)?;
+                    drop(log);
+                    if let Some((at, record)) = &found
+                        && *at == offset
+                        && record.key.as_deref() == Some(key)
+                    {
+                        self.records.insert(self.replica, offset, Arc::new(record.clone()));
+                    }
+                    found
                 };
                 match found {
                     Some((found, record)) if found == offset && record.key.as_deref() == Some(key) => {
