@@ -99,8 +99,9 @@ pub struct ServeArgs {
     /// on this node.
     #[arg(long, env = "LOGDEX_TIERED_STORE")]
     pub tiered_store: Option<String>,
-    /// Memory for records that key lookups read, kept for the next lookups of the same keys
-    /// (one cache for every partition of the node), in MiB; 0 turns it off.
+    /// Memory for records that key lookups read and that writes just applied, kept so the
+    /// next lookups of their keys skip the segment log (one cache for every partition of the
+    /// node), in MiB; 0 turns it off.
     #[arg(long, env = "LOGDEX_RECORD_CACHE_MB", default_value_t = 64)]
     pub record_cache_mb: u64,
     /// Snapshot a group after this many applied entries; its Raft log is purged behind the snapshot.
