@@ -122,8 +122,8 @@ pub struct NodeConfig {
     /// The object store of tiered storage (a directory every node shares, or a `file://`
     /// URL); topics with `remote.storage.enable=true` copy their sealed segments there.
     pub tiered_store: Option<String>,
-    /// Bytes of looked-up records kept in memory for the next lookups of their keys
-    /// (shared by every replica of the node; 0: none). See `crate::record_cache`.
+    /// Bytes of records (read by lookups or just applied) kept in memory for the next lookups
+    /// of their keys (shared by every replica of the node; 0: none). See `crate::record_cache`.
     pub record_cache_bytes: u64,
 }
 
@@ -208,7 +208,7 @@ struct NodeInner {
     damaged_snapshots_refused: std::sync::atomic::AtomicU64,
     /// Tiered storage's object store, when configured.
     tier_store: Option<TierStore>,
-    /// Records read by lookups, for every replica of the node.
+    /// Records read by lookups or just applied, for every replica of the node.
     records: crate::record_cache::RecordCache,
     /// Per group, the trim point whose objects this node last collected.
     tier_collected: std::sync::Mutex<HashMap<GroupId, u64>>,

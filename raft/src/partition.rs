@@ -118,7 +118,7 @@ pub struct Partition {
     /// writes its own): checkpoints run from the checkpointer, local retention and snapshot
     /// staging, and one computed before another must not be written after it.
     checkpointing: std::sync::Mutex<()>,
-    /// Records lookups read, shared by the node's replicas (see [`crate::record_cache`]).
+    /// Records lookups read and apply wrote, shared by the node's replicas (see [`crate::record_cache`]).
     records: RecordCache,
     /// Counters for metrics.
     pub counters: Counters,
@@ -301,8 +301,8 @@ impl Partition {
         }
     }
 
-    /// Lookups of this replica keep the records they read in `records` and read them there
-    /// next time (a replica opened without it reads the segment log every time).
+    /// Apply and lookups of this replica keep the records they write or read in `records`, and
+    /// lookups read them there (a replica opened without it reads the segment log every time).
     pub fn with_record_cache(mut self, records: RecordCache) -> Partition {
         self.records = records;
         self
