@@ -618,32 +618,27 @@ impl Partition {
             Lookup::Evicted(offset) => Ok(KeyRead::Evicted { offset }),
             Lookup::Found(offset) => {
                 let log = self.log.read().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
-                let found = if offset < log.start_offset() {
+                // `fill`: the record came from the segment log, and the cache may keep it.
+                let (found, fill) = if offset < log.start_offset() {
                     drop(log);
                     let Some(remote) = self.remote_log_for(offset)? else {
                         return Ok(KeyRead::Evicted { offset });
                     };
-                    remote.read_record(offset)?
+                    (remote.read_record(offset)?, false)
                 } else if let Some(record) = self.records.get(self.replica, offset) {
                     // Still in the log (checked above under its lock): the same record as there.
                     drop(log);
-                    if record.key.as_deref() == Some(key) {
-                        return Ok(KeyRead::Found { offset, record: Record::clone(&record) });
-                    }
-                    Some((offset, Record::clone(&record)))
+                    (Some((offset, Record::clone(&record))), false)
                 } else {
                     let found = log.read_record(offset)?;
                     drop(log);
-                    if let Some((at, record)) = &found
-                        && *at == offset
-                        && record.key.as_deref() == Some(key)
-                    {
-                        self.records.insert(self.replica, offset, Arc::new(record.clone()));
-                    }
-                    found
+                    (found, true)
                 };
                 match found {
                     Some((found, record)) if found == offset && record.key.as_deref() == Some(key) => {
+                        if fill {
+                            self.records.insert(self.replica, offset, Arc::new(record.clone()));
+                        }
                         Ok(KeyRead::Found { offset, record })
                     }
                     Some(_) => Err(Error::CorruptData {

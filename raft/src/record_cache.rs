@@ -1,4 +1,5 @@
-//! Records that key lookups read, kept in memory by (replica, offset).
+//! Records that key lookups read and that apply wrote, kept in memory by
+//! (replica, offset).
 //!
 //! A lookup asks the index for the key's offset, then reads the record at that
 //! offset from the segment log: a `pread` of the window around its batch, the
@@ -86,7 +87,7 @@ impl RecordCache {
         found
     }
 
-    /// Keeps `record`, read at `offset` of `replica`, for later lookups. A record larger
+    /// Keeps `record`, read or written at `offset` of `replica`, for later lookups. A record larger
     /// than an eighth of the cache is not kept.
     pub fn insert(&self, replica: ReplicaId, offset: Offset, record: Arc<Record>) {
         let Some(records) = &self.records else { return };
