@@ -1057,6 +1057,11 @@ async fn metrics(State(s): State<AppState>) -> Response {
         ("logdex_raft_log_fsyncs_total", "fsyncs of the Raft log (one serves every group).", &sync.fsyncs),
         ("logdex_raft_log_flush_requests_total", "Appends and votes made durable by those fsyncs.", &sync.requests),
         ("logdex_raft_log_fsync_microseconds_total", "Time spent in Raft log fsyncs.", &sync.fsync_micros),
+        (
+            "logdex_raft_log_loaded_lingers_total",
+            "fsyncs that first waited 2 ms for more appends, as many writes were waiting on the node.",
+            &sync.loaded_lingers,
+        ),
     ] {
         let _ =
             writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{node=\"{node}\"}} {}", v.load(Relaxed));

@@ -36,6 +36,7 @@ use tokio::sync::oneshot;
 
 use crate::error::Error;
 use crate::error::Result;
+use crate::log_store::WriteLoad;
 use crate::types::GroupId;
 use crate::types::NodeId;
 
@@ -57,17 +58,18 @@ struct Request {
 #[derive(Clone)]
 pub struct Batcher {
     tx: mpsc::Sender<Request>,
+    load: WriteLoad,
 }
 
 /// Appends one batch of records atomically and returns the offset of the first.
 pub type Propose = Arc<dyn for<'a> Fn(&'a [Record]) -> futures::future::BoxFuture<'a, Result<u64>> + Send + Sync>;
 
 impl Batcher {
-    /// Starts the batching task of `group`.
-    pub fn start(group: GroupId, propose: Propose) -> Batcher {
+    /// Starts the batching task of `group`; its requests count in `load` until answered.
+    pub fn start(group: GroupId, propose: Propose, load: WriteLoad) -> Batcher {
         let (tx, rx) = mpsc::channel(QUEUE_MAX);
         tokio::spawn(run(group, rx, propose));
-        Batcher { tx }
+        Batcher { tx, load }
     }
 
     /// Appends `records` as part of the next batch; returns the offset of the first.
@@ -75,6 +77,7 @@ impl Batcher {
         if records.is_empty() {
             return Err(Error::Invalid("no records".into()));
         }
+        let _waiting = self.load.enter();
         let (reply, rx) = oneshot::channel();
         self.tx.send(Request { records, reply }).await.map_err(|_| Error::unavailable("partition is shutting down"))?;
         rx.await.map_err(|_| Error::unavailable("partition is shutting down"))?
@@ -227,10 +230,10 @@ pub struct Forwarders {
 
 impl Forwarders {
     /// The batcher forwarding to `node` for `group`, started with `propose` if there is none.
-    pub fn get(&self, node: NodeId, group: GroupId, propose: impl FnOnce() -> Propose) -> Batcher {
+    pub fn get(&self, node: NodeId, group: GroupId, load: &WriteLoad, propose: impl FnOnce() -> Propose) -> Batcher {
         // The map holds no invariant a panicking holder could break.
         let mut batchers = self.batchers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        batchers.entry((node, group)).or_insert_with(|| Batcher::start(group, propose())).clone()
+        batchers.entry((node, group)).or_insert_with(|| Batcher::start(group, propose(), load.clone())).clone()
     }
 
     /// Drops the batcher for (`node`, `group`) (that node no longer leads it); its task ends
@@ -284,7 +287,7 @@ mod tests {
     #[tokio::test]
     async fn concurrent_requests_share_batches_and_get_their_own_offsets() {
         let (propose, log) = bounded_log(usize::MAX, std::time::Duration::from_millis(5));
-        let batcher = Batcher::start(1, propose);
+        let batcher = Batcher::start(1, propose, WriteLoad::default());
         let tasks: Vec<_> = (0..40u32)
             .map(|i| {
                 let b = batcher.clone();
@@ -312,7 +315,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn writes_woken_together_share_the_first_batch() {
         let (propose, log) = bounded_log(usize::MAX, std::time::Duration::from_millis(5));
-        let batcher = Batcher::start(1, propose);
+        let batcher = Batcher::start(1, propose, WriteLoad::default());
         let (start, started) = tokio::sync::watch::channel(false);
         let producers: Vec<_> = (0..8u32)
             .map(|i| {
@@ -342,7 +345,7 @@ mod tests {
     async fn refused_batch_is_retried_request_by_request_so_only_the_invalid_request_fails() {
         // At most 3 records per batch: 2-record requests fail only when batched together.
         let (propose, log) = bounded_log(3, std::time::Duration::from_millis(5));
-        let batcher = Batcher::start(1, propose);
+        let batcher = Batcher::start(1, propose, WriteLoad::default());
         let mut tasks = Vec::new();
         for i in 0..12u32 {
             let b = batcher.clone();
@@ -369,7 +372,7 @@ mod tests {
                 Err(Error::NotLeader { group: 1, leader_node: Some(3) })
             })
         });
-        let batcher = Batcher::start(1, propose);
+        let batcher = Batcher::start(1, propose, WriteLoad::default());
         let tasks: Vec<_> = (0..10u32)
             .map(|i| {
                 let b = batcher.clone();
@@ -386,7 +389,7 @@ mod tests {
     async fn forwarders_of_deleted_groups_are_dropped() {
         let forwarders = Forwarders::default();
         for (node, group) in [(1, 10), (2, 10), (1, 11)] {
-            forwarders.get(node, group, || bounded_log(10, std::time::Duration::ZERO).0);
+            forwarders.get(node, group, &WriteLoad::default(), || bounded_log(10, std::time::Duration::ZERO).0);
         }
         forwarders.retain_groups(|g| g == 11);
         let left: Vec<(NodeId, GroupId)> = forwarders.batchers.lock().expect("lock").keys().copied().collect();
@@ -394,9 +397,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn write_load_counts_requests_until_they_are_answered() {
+        let (propose, _log) = bounded_log(usize::MAX, std::time::Duration::from_millis(50));
+        let load = WriteLoad::default();
+        let batcher = Batcher::start(1, propose, load.clone());
+        let producers: Vec<_> = (0..5u32)
+            .map(|i| {
+                let b = batcher.clone();
+                tokio::spawn(async move { b.produce(vec![record(i)]).await })
+            })
+            .collect();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        while load.current() < 5 {
+            assert!(tokio::time::Instant::now() < deadline, "5 waiting writes counted {}", load.current());
+            tokio::task::yield_now().await;
+        }
+        for p in producers {
+            p.await.expect("producer").expect("produce");
+        }
+        assert_eq!(load.current(), 0, "answered writes still counted");
+        // A write whose caller gave up is no longer counted either.
+        let abandoned =
+            tokio::time::timeout(std::time::Duration::from_millis(5), batcher.produce(vec![record(9)])).await;
+        assert!(abandoned.is_err(), "the slow log answered within 5 ms");
+        assert_eq!(load.current(), 0, "an abandoned write is still counted");
+    }
+
+    #[tokio::test]
     async fn empty_request_is_invalid() {
         let (propose, _log) = bounded_log(10, std::time::Duration::ZERO);
-        let batcher = Batcher::start(1, propose);
+        let batcher = Batcher::start(1, propose, WriteLoad::default());
         assert!(matches!(batcher.produce(Vec::new()).await, Err(Error::Invalid(_))));
     }
 }

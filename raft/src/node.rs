@@ -1154,7 +1154,11 @@ impl Node {
             })
             .collect();
         let preferred = record.replicas.first().map(|r| r.replica_id) == Some(replica);
-        let batcher = Batcher::start(group, propose_fn(raft.clone(), partition.clone()));
+        let batcher = Batcher::start(
+            group,
+            propose_fn(raft.clone(), partition.clone()),
+            self.inner.raft_log.write_load().clone(),
+        );
         let hosted = Arc::new(HostedGroup {
             group_id: group,
             replica_id: replica,
@@ -1282,7 +1286,8 @@ impl Node {
     /// sending are definite: nothing was written.
     pub async fn remote_produce(&self, node: NodeId, group: GroupId, records: &[logdex_log::Record]) -> Result<u64> {
         let weak = Arc::downgrade(&self.inner);
-        let batcher = self.inner.forwarders.get(node, group, || forward_fn(weak, node, group));
+        let batcher =
+            self.inner.forwarders.get(node, group, self.inner.raft_log.write_load(), || forward_fn(weak, node, group));
         let result = batcher.produce(records.to_vec()).await;
         if let Err(Error::NotLeader { .. } | Error::NotHosted { .. } | Error::NodeUnreachable(_)) = &result {
             self.inner.forwarders.forget(node, group);
