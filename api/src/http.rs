@@ -1059,7 +1059,7 @@ async fn metrics(State(s): State<AppState>) -> Response {
         ("logdex_raft_log_fsync_microseconds_total", "Time spent in Raft log fsyncs.", &sync.fsync_micros),
         (
             "logdex_raft_log_loaded_lingers_total",
-            "fsyncs that first waited 2 ms for more appends, as many writes were waiting on the node.",
+            "fsyncs that first waited 4 ms for more appends, as many writes were waiting on the node.",
             &sync.loaded_lingers,
         ),
     ] {

@@ -69,8 +69,8 @@ const GROUP_COMMIT_LINGER: std::time::Duration = std::time::Duration::from_micro
 /// How long it waits while at least [`LOADED_WRITES`] writes wait on the node. Each of them
 /// then spends milliseconds queued behind the others (about 9 ms at 32 in flight on a 2-core
 /// machine), so the wait adds little to their time and saves fsyncs and wake-ups, which are
-/// what the writes queue for (ARCHITECTURE.md, "Write path").
-const GROUP_COMMIT_LINGER_LOADED: std::time::Duration = std::time::Duration::from_millis(2);
+/// what the writes queue for (ARCHITECTURE.md, "Durability and recovery").
+const GROUP_COMMIT_LINGER_LOADED: std::time::Duration = std::time::Duration::from_millis(4);
 
 /// Writes waiting on a node from which the syncer takes [`GROUP_COMMIT_LINGER_LOADED`]...
 const LOADED_WRITES: usize = 8;
