@@ -143,16 +143,16 @@ impl RaftLogDb {
             db.keyspace("raft_log", || KeyspaceCreateOptions::default().max_memtable_size(RAFT_LOG_MEMTABLE_BYTES))?;
         let (syncer, rx) = mpsc::sync_channel(SYNC_QUEUE_MAX);
         let poisoned = Arc::new(AtomicBool::new(false));
-        let thread_db = db.clone();
-        let thread_poisoned = poisoned.clone();
-        let thread_dir = path.to_path_buf();
         let stats = Arc::new(SyncStats::default());
-        let thread_stats = stats.clone();
         let load = WriteLoad::default();
-        let syncer_state = Syncer { db: thread_db, dir: thread_dir, poisoned: thread_poisoned, load: load.clone() };
-        std::thread::Builder::new()
-            .name("raft-log-sync".into())
-            .spawn(move || run_syncer(&syncer_state, rx, &thread_stats))?;
+        let thread = Syncer {
+            db: db.clone(),
+            dir: path.to_path_buf(),
+            poisoned: poisoned.clone(),
+            load: load.clone(),
+            stats: stats.clone(),
+        };
+        std::thread::Builder::new().name("raft-log-sync".into()).spawn(move || run_syncer(&thread, rx))?;
         Ok(Arc::new(RaftLogDb { db, ks, syncer, poisoned, stats, load }))
     }
 
@@ -201,6 +201,7 @@ struct Syncer {
     dir: std::path::PathBuf,
     poisoned: Arc<AtomicBool>,
     load: WriteLoad,
+    stats: Arc<SyncStats>,
 }
 
 /// What the last fsync served.
@@ -242,8 +243,8 @@ fn linger(writes_waiting: usize, last: Served) -> std::time::Duration {
     }
 }
 
-fn run_syncer(syncer: &Syncer, rx: mpsc::Receiver<SyncJob>, stats: &SyncStats) {
-    let Syncer { db, dir, poisoned, load } = syncer;
+fn run_syncer(syncer: &Syncer, rx: mpsc::Receiver<SyncJob>) {
+    let Syncer { db, dir, poisoned, load, stats } = syncer;
     let dir = dir.as_path();
     // Under load, a wait lets more appends share the next fsync (fewer fsyncs and wake-ups,
     // less CPU per write).
