@@ -1,8 +1,10 @@
-//! Coalesces concurrent read-index requests into one RPC per leader node.
+//! Coalesces concurrent read-index requests into one fetch.
 //!
 //! A follower's linearizable read needs a read index from its group's leader.
 //! Concurrent reads of the groups that one node leads share one fetch: a
-//! `ReadIndexBatch` call naming each group once.
+//! `ReadIndexBatch` call naming each group once. On the leader, concurrent reads
+//! of one group (its own and those its followers asked for) share one read
+//! linearizer from openraft, one message to the group's Raft core.
 //!
 //! To ensure correctness (linearizable reads): a caller is answered only by a
 //! fetch that *started after it arrived*. A caller that finds no round running
@@ -26,47 +28,46 @@ use tokio::sync::oneshot;
 use crate::error::Error;
 use crate::error::Result;
 
-/// One fetch: a read index for each query, in their order.
-pub type Fetch<Q> = Arc<dyn Fn(Vec<Q>) -> BoxFuture<'static, Vec<Result<u64>>> + Send + Sync>;
+/// One fetch: an answer (a read index) for each query, in their order.
+pub type Fetch<Q, A = u64> = Arc<dyn Fn(Vec<Q>) -> BoxFuture<'static, Vec<Result<A>>> + Send + Sync>;
 
-type Waiter = oneshot::Sender<std::result::Result<u64, String>>;
+type Waiter<A> = oneshot::Sender<Result<A>>;
 
 /// Most times a round's leader yields to other ready tasks before its fetch.
 const GATHER_YIELDS_MAX: usize = 4;
 
-pub struct Coalescer<Q> {
-    state: Arc<Mutex<State<Q>>>,
+pub struct Coalescer<Q, A = u64> {
+    state: Arc<Mutex<State<Q, A>>>,
 }
 
-impl<Q> Default for Coalescer<Q> {
+impl<Q, A> Default for Coalescer<Q, A> {
     fn default() -> Self {
         Coalescer { state: Arc::new(Mutex::new(State { running: false, waiting: Vec::new() })) }
     }
 }
 
-struct State<Q> {
+struct State<Q, A> {
     running: bool,
-    waiting: Vec<(Q, Waiter)>,
+    waiting: Vec<(Q, Waiter<A>)>,
 }
 
-fn lock<Q>(state: &Mutex<State<Q>>) -> std::sync::MutexGuard<'_, State<Q>> {
+fn lock<Q, A>(state: &Mutex<State<Q, A>>) -> std::sync::MutexGuard<'_, State<Q, A>> {
     state.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Hands each waiter its result, in order; a fetch that answered fewer is an error.
-fn answer(waiters: impl Iterator<Item = Waiter>, results: &mut impl Iterator<Item = Result<u64>>) {
+fn answer<A>(waiters: impl Iterator<Item = Waiter<A>>, results: &mut impl Iterator<Item = Result<A>>) {
     for waiter in waiters {
-        let result = match results.next() {
-            Some(result) => result.map_err(|e| e.to_string()),
-            None => Err("read index fetch answered fewer queries than it was asked".to_string()),
-        };
+        let result = results
+            .next()
+            .unwrap_or_else(|| Err(Error::unavailable("read index fetch answered fewer queries than it was asked")));
         let _ = waiter.send(result);
     }
 }
 
-impl<Q: Clone + Send + 'static> Coalescer<Q> {
-    /// A read index for `query`, obtained by a fetch that started after this call.
-    pub async fn get(&self, query: Q, fetch: Fetch<Q>) -> Result<u64> {
+impl<Q: Clone + Send + 'static, A: Send + 'static> Coalescer<Q, A> {
+    /// The answer to `query`, obtained by a fetch that started after this call.
+    pub async fn get(&self, query: Q, fetch: Fetch<Q, A>) -> Result<A> {
         let (tx, rx) = oneshot::channel();
         let lead = {
             let mut st = lock(&self.state);
@@ -101,8 +102,7 @@ impl<Q: Clone + Send + 'static> Coalescer<Q> {
             return mine;
         }
         match rx.await {
-            Ok(Ok(index)) => Ok(index),
-            Ok(Err(message)) => Err(Error::Unavailable(message)),
+            Ok(answer) => answer,
             Err(_) => Err(Error::unavailable("read index round ended without an answer")),
         }
     }
@@ -111,13 +111,13 @@ impl<Q: Clone + Send + 'static> Coalescer<Q> {
 /// Ends an inline round: starts background rounds for the callers that queued
 /// during it (and for the ones it took but did not answer, when it was dropped),
 /// or marks the coalescer idle.
-struct Handover<Q: Clone + Send + 'static> {
-    state: Arc<Mutex<State<Q>>>,
-    fetch: Fetch<Q>,
-    joined: Vec<(Q, Waiter)>,
+struct Handover<Q: Clone + Send + 'static, A: Send + 'static> {
+    state: Arc<Mutex<State<Q, A>>>,
+    fetch: Fetch<Q, A>,
+    joined: Vec<(Q, Waiter<A>)>,
 }
 
-impl<Q: Clone + Send + 'static> Drop for Handover<Q> {
+impl<Q: Clone + Send + 'static, A: Send + 'static> Drop for Handover<Q, A> {
     fn drop(&mut self) {
         let mut st = lock(&self.state);
         // Callers taken by a round dropped mid-fetch are answered by a later fetch,
@@ -139,7 +139,7 @@ impl<Q: Clone + Send + 'static> Drop for Handover<Q> {
     }
 }
 
-async fn run_rounds<Q: Clone + Send + 'static>(state: Arc<Mutex<State<Q>>>, fetch: Fetch<Q>) {
+async fn run_rounds<Q: Clone + Send + 'static, A: Send + 'static>(state: Arc<Mutex<State<Q, A>>>, fetch: Fetch<Q, A>) {
     loop {
         let round = {
             let mut st = lock(&state);
@@ -149,7 +149,7 @@ async fn run_rounds<Q: Clone + Send + 'static>(state: Arc<Mutex<State<Q>>>, fetc
             }
             std::mem::take(&mut st.waiting)
         };
-        let (queries, waiters): (Vec<Q>, Vec<Waiter>) = round.into_iter().unzip();
+        let (queries, waiters): (Vec<Q>, Vec<Waiter<A>>) = round.into_iter().unzip();
         let mut results = fetch(queries).await.into_iter();
         answer(waiters.into_iter(), &mut results);
     }
@@ -297,6 +297,31 @@ mod tests {
         }
         assert_eq!(*asked.lock().expect("lock"), vec![vec![1, 2, 3, 4]], "one fetch for the four queries");
         assert_eq!(answers, vec![Some(10), Some(20), Some(30), None]);
+        Ok(())
+    }
+
+    /// A fetch's error reaches every caller it answers as the same kind, so a read that
+    /// shared a leader's "not the leader" answer is still forwarded to the leader it names.
+    #[tokio::test(flavor = "current_thread")]
+    async fn callers_sharing_a_failed_fetch_each_get_its_error_kind() -> Result<()> {
+        let fetch: Fetch<(), u64> = Arc::new(|reads: Vec<()>| {
+            Box::pin(
+                async move { reads.iter().map(|_| Err(Error::NotLeader { group: 7, leader_node: Some(2) })).collect() },
+            )
+        });
+        let coalescer = Arc::new(Coalescer::default());
+        let callers: Vec<_> = (0..4)
+            .map(|_| {
+                let (c, f) = (coalescer.clone(), fetch.clone());
+                tokio::spawn(async move { c.get((), f).await })
+            })
+            .collect();
+        for caller in callers {
+            match caller.await.map_err(Error::unavailable)? {
+                Err(Error::NotLeader { group: 7, leader_node: Some(2) }) => {}
+                other => panic!("expected the fetch's NotLeader, got {other:?}"),
+            }
+        }
         Ok(())
     }
 }

@@ -171,10 +171,45 @@ pub struct HostedGroup {
     pub batcher: Batcher,
     /// Sends the commit notices this replica holds back as leader (a follower waits for one).
     pub commit_release: CommitNoticeRelease,
+    /// Leader reads of this group (lease, and strict) waiting for a read linearizer.
+    leader_reads: [LeaderReadRounds; 2],
 }
 
 /// Read-index rounds to one leader node: each caller names its group.
 type ReadIndexRounds = crate::coalesce::Coalescer<pb::GroupHeader>;
+
+/// Read linearizer rounds of one group on its leader.
+type LeaderReadRounds = crate::coalesce::Coalescer<(), crate::types::LogId>;
+
+impl HostedGroup {
+    /// The log id a read on this replica, as leader, must wait for: a lease read unless
+    /// `strict`. Concurrent reads of the group share one linearizer that openraft issued
+    /// after all of them arrived, which is what each one alone would have waited for.
+    pub async fn leader_read_log_id(&self, strict: bool) -> Result<crate::types::LogId> {
+        let raft = self.raft.clone();
+        let group = self.group_id;
+        let fetch: crate::coalesce::Fetch<(), crate::types::LogId> = Arc::new(move |reads: Vec<()>| {
+            let raft = raft.clone();
+            Box::pin(async move {
+                let read = leader_read_log_id(&raft, group, strict).await;
+                reads.iter().map(|_| shared_result(&read)).collect()
+            })
+        });
+        self.leader_reads[usize::from(strict)].get((), fetch).await
+    }
+}
+
+/// One outcome handed to each of the reads that shared it.
+fn shared_result<T: Copy>(result: &Result<T>) -> Result<T> {
+    match result {
+        Ok(value) => Ok(*value),
+        Err(Error::NotLeader { group, leader_node }) => {
+            Err(Error::NotLeader { group: *group, leader_node: *leader_node })
+        }
+        Err(Error::Unavailable(message)) => Err(Error::Unavailable(message.clone())),
+        Err(other) => Err(Error::Unavailable(other.to_string())),
+    }
+}
 
 /// The replication layer of one node. Cheap to clone.
 #[derive(Clone)]
@@ -1168,6 +1203,7 @@ impl Node {
             partition,
             commit_release,
             batcher,
+            leader_reads: Default::default(),
         });
         self.inner.groups.write().unwrap_or_else(|p| p.into_inner()).insert(group, hosted);
         tracing::info!(group, replica, topic, partition = record.partition, "partition replica started");
@@ -1372,7 +1408,7 @@ impl Node {
             let header = pb::GroupHeader { group_id: hosted.group_id, target_replica: leader_replica };
             coalescer.get(header, fetch).await?
         } else {
-            leader_read_index(&hosted.raft, hosted.group_id, strict).await?
+            hosted.leader_read_log_id(strict).await?.index
         };
         if applied_index(&hosted.raft) >= read_index {
             return Ok(());
@@ -1582,11 +1618,6 @@ fn produce_error(group: GroupId, status: tonic::Status, connect_failed: bool) ->
         tonic::Code::DeadlineExceeded => Error::Timeout(status.message().to_string()),
         _ => Error::remote_unavailable(status.message()),
     }
-}
-
-/// Read index on the leader: a lease read unless `strict`.
-pub async fn leader_read_index(raft: &Raft, group: GroupId, strict: bool) -> Result<u64> {
-    Ok(leader_read_log_id(raft, group, strict).await?.index)
 }
 
 /// The log id a read on the leader must wait for: a lease read unless `strict`.

@@ -120,13 +120,20 @@ impl Service {
 
     async fn read_index_call(&self, req: pb::ReadIndexRequest) -> Result<pb::ReadIndexResponse, Status> {
         let group = req.header.as_ref().map_or(0, |h| h.group_id);
+        let target = req.header.as_ref().map_or(0, |h| h.target_replica);
         let raft = self.raft_for(req.header)?;
-        let read = leader_read_log_id(&raft, group, req.strict).await.map_err(fatal)?;
-        // The follower that asked waits until it applied `read`: the commit notices held back
-        // for its stream go now (a notice not yet held when this runs waits its hold out).
-        if let Some(hosted) = self.node.group(group) {
-            hosted.commit_release.release(read.index);
-        }
+        // A partition group's reads share linearizers (the controller's go one by one).
+        let hosted = self.node.group(group).filter(|h| group != CONTROLLER_GROUP && h.replica_id == target);
+        let read = match hosted {
+            Some(hosted) => {
+                let read = hosted.leader_read_log_id(req.strict).await.map_err(fatal)?;
+                // The follower that asked waits until it applied `read`: the commit notices held
+                // back for its stream go now (a notice not yet held when this runs waits its hold out).
+                hosted.commit_release.release(read.index);
+                read
+            }
+            None => leader_read_log_id(&raft, group, req.strict).await.map_err(fatal)?,
+        };
         Ok(pb::ReadIndexResponse { read_log_id: Some(wire::log_id_to_pb(&read)) })
     }
 
