@@ -171,31 +171,43 @@ pub struct HostedGroup {
     pub batcher: Batcher,
     /// Sends the commit notices this replica holds back as leader (a follower waits for one).
     pub commit_release: CommitNoticeRelease,
-    /// Leader reads of this group (lease, and strict) waiting for a read linearizer.
-    leader_reads: [LeaderReadRounds; 2],
+    /// Leader reads of this group waiting for a read linearizer.
+    leader_reads: LeaderReads,
 }
 
 /// Read-index rounds to one leader node: each caller names its group.
 type ReadIndexRounds = crate::coalesce::Coalescer<pb::GroupHeader>;
 
-/// Read linearizer rounds of one group on its leader.
-type LeaderReadRounds = crate::coalesce::Coalescer<(), crate::types::LogId>;
+/// The reads of one group on its leader waiting for a read linearizer: lease reads, and
+/// strict ones, each with the fetch that asks openraft for one (built once per group).
+struct LeaderReads {
+    rounds: [crate::coalesce::Coalescer<(), crate::types::LogId>; 2],
+    fetch: [crate::coalesce::Fetch<(), crate::types::LogId>; 2],
+}
+
+impl LeaderReads {
+    fn new(raft: &Raft, group: GroupId) -> LeaderReads {
+        let fetch = |strict: bool| -> crate::coalesce::Fetch<(), crate::types::LogId> {
+            let raft = raft.clone();
+            Arc::new(move |reads: Vec<()>| {
+                let raft = raft.clone();
+                Box::pin(async move {
+                    let read = leader_read_log_id(&raft, group, strict).await;
+                    reads.iter().map(|_| shared_result(&read)).collect()
+                })
+            })
+        };
+        LeaderReads { rounds: Default::default(), fetch: [fetch(false), fetch(true)] }
+    }
+}
 
 impl HostedGroup {
     /// The log id a read on this replica, as leader, must wait for: a lease read unless
     /// `strict`. Concurrent reads of the group share one linearizer that openraft issued
     /// after all of them arrived, which is what each one alone would have waited for.
     pub async fn leader_read_log_id(&self, strict: bool) -> Result<crate::types::LogId> {
-        let raft = self.raft.clone();
-        let group = self.group_id;
-        let fetch: crate::coalesce::Fetch<(), crate::types::LogId> = Arc::new(move |reads: Vec<()>| {
-            let raft = raft.clone();
-            Box::pin(async move {
-                let read = leader_read_log_id(&raft, group, strict).await;
-                reads.iter().map(|_| shared_result(&read)).collect()
-            })
-        });
-        self.leader_reads[usize::from(strict)].get((), fetch).await
+        let mode = usize::from(strict);
+        self.leader_reads.rounds[mode].get((), self.leader_reads.fetch[mode].clone()).await
     }
 }
 
@@ -1203,7 +1215,7 @@ impl Node {
             partition,
             commit_release,
             batcher,
-            leader_reads: Default::default(),
+            leader_reads: LeaderReads::new(&raft, group),
         });
         self.inner.groups.write().unwrap_or_else(|p| p.into_inner()).insert(group, hosted);
         tracing::info!(group, replica, topic, partition = record.partition, "partition replica started");
