@@ -200,24 +200,10 @@ async fn commit(group: GroupId, requests: Vec<Request>, propose: &Propose) {
         }
         Err(e) => {
             tracing::debug!(group, error = %e, "batched produce failed");
-            let message = e.to_string();
             for reply in replies {
-                let _ = reply.send(Err(clone_error(&e, &message)));
+                let _ = reply.send(Err(e.duplicate()));
             }
         }
-    }
-}
-
-/// Every request of a failed batch gets the same error kind.
-fn clone_error(e: &Error, message: &str) -> Error {
-    match e {
-        Error::NotLeader { group, leader_node } => Error::NotLeader { group: *group, leader_node: *leader_node },
-        Error::NotHosted { group } => Error::NotHosted { group: *group },
-        Error::NodeUnreachable(m) => Error::NodeUnreachable(m.clone()),
-        Error::Invalid(m) => Error::Invalid(m.clone()),
-        Error::TooLarge(m) => Error::TooLarge(m.clone()),
-        Error::Timeout(m) => Error::Timeout(m.clone()),
-        _ => Error::Unavailable(message.to_string()),
     }
 }
 

@@ -73,6 +73,22 @@ impl Error {
         Error::Unavailable(message.strip_prefix("unavailable: ").unwrap_or(message).to_string())
     }
 
+    /// The same error for another caller that shared the operation (a batch, a read round):
+    /// the kinds a caller acts on keep their kind; the rest become `Unavailable` with this
+    /// error's text.
+    pub fn duplicate(&self) -> Error {
+        match self {
+            Error::NotLeader { group, leader_node } => Error::NotLeader { group: *group, leader_node: *leader_node },
+            Error::NotHosted { group } => Error::NotHosted { group: *group },
+            Error::NodeUnreachable(m) => Error::NodeUnreachable(m.clone()),
+            Error::Unavailable(m) => Error::Unavailable(m.clone()),
+            Error::Timeout(m) => Error::Timeout(m.clone()),
+            Error::Invalid(m) => Error::Invalid(m.clone()),
+            Error::TooLarge(m) => Error::TooLarge(m.clone()),
+            other => Error::Unavailable(other.to_string()),
+        }
+    }
+
     /// True when a replica refused to answer from damaged stored data (a batch failing its
     /// crc or framing, or the index and the log disagreeing): never a wrong answer, and the
     /// API says so with its own error code.
@@ -92,4 +108,21 @@ fn leader_text(leader: &Option<NodeId>) -> String {
 /// openraft's storage traits speak `std::io::Error`.
 pub fn to_io(e: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::other(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shared failure keeps the kinds callers act on, and the text of the rest once.
+    #[test]
+    fn duplicate_keeps_the_kind_and_says_the_message_once() {
+        let not_leader = Error::NotLeader { group: 3, leader_node: Some(2) };
+        assert!(matches!(not_leader.duplicate(), Error::NotLeader { group: 3, leader_node: Some(2) }));
+        assert!(matches!(Error::Timeout("t".into()).duplicate(), Error::Timeout(m) if m == "t"));
+        let unavailable = Error::unavailable("no leader").duplicate();
+        assert_eq!(unavailable.to_string(), "unavailable: no leader");
+        let corrupt = Error::Corrupted("bad crc".into()).duplicate();
+        assert!(matches!(&corrupt, Error::Unavailable(m) if m == "corrupted: bad crc"), "{corrupt}");
+    }
 }

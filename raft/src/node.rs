@@ -193,7 +193,7 @@ impl LeaderReads {
                 let raft = raft.clone();
                 Box::pin(async move {
                     let read = leader_read_log_id(&raft, group, strict).await;
-                    reads.iter().map(|_| shared_result(&read)).collect()
+                    reads.iter().map(|_| read.as_ref().map(|l| *l).map_err(Error::duplicate)).collect()
                 })
             })
         };
@@ -208,18 +208,6 @@ impl HostedGroup {
     pub async fn leader_read_log_id(&self, strict: bool) -> Result<crate::types::LogId> {
         let mode = usize::from(strict);
         self.leader_reads.rounds[mode].get((), self.leader_reads.fetch[mode].clone()).await
-    }
-}
-
-/// One outcome handed to each of the reads that shared it.
-fn shared_result<T: Copy>(result: &Result<T>) -> Result<T> {
-    match result {
-        Ok(value) => Ok(*value),
-        Err(Error::NotLeader { group, leader_node }) => {
-            Err(Error::NotLeader { group: *group, leader_node: *leader_node })
-        }
-        Err(Error::Unavailable(message)) => Err(Error::Unavailable(message.clone())),
-        Err(other) => Err(Error::Unavailable(other.to_string())),
     }
 }
 

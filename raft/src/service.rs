@@ -6,12 +6,14 @@
 
 use std::path::Path;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use tonic::Request;
 use tonic::Response;
 use tonic::Status;
 use tonic::Streaming;
 
+use crate::node::HostedGroup;
 use crate::node::Node;
 use crate::node::leader_read_log_id;
 use crate::pb;
@@ -88,6 +90,11 @@ impl Service {
             }
             return Ok(self.node.controller_raft().clone());
         }
+        Ok(self.hosted_for(header)?.raft.clone())
+    }
+
+    /// The partition replica `header` names, if this node hosts it.
+    fn hosted_for(&self, header: pb::GroupHeader) -> Result<Arc<HostedGroup>, Status> {
         let hosted = self
             .node
             .group(header.group_id)
@@ -98,7 +105,7 @@ impl Service {
                 header.group_id, hosted.replica_id, header.target_replica
             )));
         }
-        Ok(hosted.raft.clone())
+        Ok(hosted)
     }
 
     /// Reads a received partition snapshot whole before openraft is handed it: a damaged one
@@ -119,20 +126,20 @@ impl Service {
     }
 
     async fn read_index_call(&self, req: pb::ReadIndexRequest) -> Result<pb::ReadIndexResponse, Status> {
-        let group = req.header.as_ref().map_or(0, |h| h.group_id);
-        let target = req.header.as_ref().map_or(0, |h| h.target_replica);
-        let raft = self.raft_for(req.header)?;
-        // A partition group's reads share linearizers (the controller's go one by one).
-        let hosted = self.node.group(group).filter(|h| group != CONTROLLER_GROUP && h.replica_id == target);
-        let read = match hosted {
-            Some(hosted) => {
+        let read = match req.header {
+            // A partition group's reads share linearizers (the controller's go one by one).
+            Some(header) if header.group_id != CONTROLLER_GROUP => {
+                let hosted = self.hosted_for(header)?;
                 let read = hosted.leader_read_log_id(req.strict).await.map_err(fatal)?;
                 // The follower that asked waits until it applied `read`: the commit notices held
                 // back for its stream go now (a notice not yet held when this runs waits its hold out).
                 hosted.commit_release.release(read.index);
                 read
             }
-            None => leader_read_log_id(&raft, group, req.strict).await.map_err(fatal)?,
+            header => {
+                let raft = self.raft_for(header)?;
+                leader_read_log_id(&raft, CONTROLLER_GROUP, req.strict).await.map_err(fatal)?
+            }
         };
         Ok(pb::ReadIndexResponse { read_log_id: Some(wire::log_id_to_pb(&read)) })
     }
