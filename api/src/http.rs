@@ -266,7 +266,7 @@ async fn describe(s: &AppState, t: &TopicRecord) -> Value {
         "name": t.name,
         "partitions": partitions,
         "replication_factor": t.replication_factor,
-        "config": t.config,
+        "config": t.effective_config(),
     })
 }
 

@@ -39,3 +39,34 @@ async fn describe_reports_partition_sizes_that_grow_with_writes() -> TestResult 
     node.shutdown().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_shows_the_defaults_next_to_the_config_given() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (node, url) = start_node(dir.path(), &[]).await?;
+    let http = reqwest::Client::new();
+    let create = |name: &'static str, config: Value| {
+        let http = http.clone();
+        let url = url.clone();
+        async move {
+            let body = json!({"name": name, "partitions": 1, "replication_factor": 1, "config": config});
+            let status = http.post(format!("{url}/topics")).json(&body).send().await?.status();
+            let described: Value = http.get(format!("{url}/topics/{name}")).send().await?.json().await?;
+            TestResult::Ok((status, described["config"].clone()))
+        }
+    };
+    let (status, plain) = create("plain", json!({})).await?;
+    assert_eq!(status, 201);
+    assert_eq!(plain, json!({"cleanup.policy": "compact", "kv.index.enabled": "true"}));
+
+    let (status, given) = create("given", json!({"cleanup.policy": "delete", "retention.ms": "60000"})).await?;
+    assert_eq!(status, 201);
+    assert_eq!(given, json!({"cleanup.policy": "delete", "kv.index.enabled": "true", "retention.ms": "60000"}));
+
+    // Spelling out what describe showed asks for the same topic.
+    let (status, again) = create("plain", plain.clone()).await?;
+    assert_eq!(status, 200, "a create with the described config is the same topic");
+    assert_eq!(again, plain);
+    node.shutdown().await;
+    Ok(())
+}

@@ -352,6 +352,12 @@ pub struct TierPolicy {
 }
 
 impl TopicRecord {
+    /// The topic's config as given, plus the defaults of the keys that have one
+    /// (`cleanup.policy`, `kv.index.enabled`): what describe shows.
+    pub fn effective_config(&self) -> BTreeMap<&str, &str> {
+        with_defaults(&self.config)
+    }
+
     /// `cleanup.policy` (default `compact`) and `delete.retention.ms`.
     pub fn cleanup_policy(&self) -> CleanupPolicy {
         let policy = self.config.get("cleanup.policy").map_or("compact", String::as_str);
