@@ -4,7 +4,7 @@
 //! its last recorded length, optionally tearing the page after it, then restarts.
 //!
 //! Which files, and how (per directory, for the newest traced file of each kind):
-//! - `*.jnl` fjall journals (`<data>/raft/`, `<data>/index/`): fjall preallocates a journal
+//! - `*.jnl` fjall journals (`<data>/raft/`, `<data>/index/shard-N/`): fjall preallocates a journal
 //!   with zeros and fsyncs it only through the traced persist calls or when it seals it on
 //!   rotation. So the newest traced journal is zeroed from its recorded length to its end
 //!   (what a power loss leaves of a preallocated file), and a journal created after the last

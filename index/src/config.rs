@@ -2,12 +2,17 @@
 
 use crate::encoding::DATA_PREFIX_BYTES_MAX;
 use crate::error::{Error, Result};
+use crate::layout::SHARDS_MAX;
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
 
 /// fjall refuses keys longer than this (u16 length prefix).
 const FJALL_KEY_BYTES_MAX: usize = 65_536;
+
+/// Default shard count at most: beyond it the open is no faster on most machines, and
+/// every shard adds a journal, an fsync per `persist` and a maintenance thread.
+const DEFAULT_SHARDS_MAX: usize = 4;
 
 /// fjall asserts `max_journaling_size >= 64 MiB`.
 const FJALL_JOURNAL_BYTES_MIN: u64 = 64 * MIB;
@@ -40,6 +45,11 @@ pub struct IndexConfig {
     pub gc_sync_interval_ms: u64,
     /// fjall flush and compaction threads (default 2).
     pub worker_threads: usize,
+    /// Databases the index is split into by group, opened side by side (default: the
+    /// machine's cores, at most 4). Fixed when the index is created: an existing index
+    /// keeps its count. The cache, the memtable size and the worker threads above are
+    /// for the whole index and divided among the shards.
+    pub shards: usize,
 }
 
 impl Default for IndexConfig {
@@ -53,6 +63,7 @@ impl Default for IndexConfig {
             rebuild_chunk_bytes_max: 64 * MIB,
             gc_sync_interval_ms: 1_000,
             worker_threads: 2,
+            shards: std::thread::available_parallelism().map_or(1, |n| n.get()).min(DEFAULT_SHARDS_MAX),
         }
     }
 }
@@ -86,7 +97,21 @@ impl IndexConfig {
             self.rebuild_chunk_bytes_max >= MIB,
             "must be at least 1 MiB",
         )?;
-        check("worker_threads", self.worker_threads as u64, (1..=64).contains(&self.worker_threads), "must be 1..=64")
+        check("worker_threads", self.worker_threads as u64, (1..=64).contains(&self.worker_threads), "must be 1..=64")?;
+        check("shards", self.shards as u64, (1..=SHARDS_MAX).contains(&self.shards), "must be 1..=16")
+    }
+
+    /// The config of one of `shards` databases: the cache, the memtable and the worker
+    /// threads divided among them (at least 1 MiB, 1 MiB and one thread each).
+    pub(crate) fn for_shard(&self, shards: usize) -> IndexConfig {
+        let n = shards.max(1);
+        IndexConfig {
+            cache_bytes: (self.cache_bytes / n as u64).max(MIB),
+            memtable_bytes_max: (self.memtable_bytes_max / n as u64).max(MIB),
+            worker_threads: (self.worker_threads / n).max(1),
+            shards: 1,
+            ..self.clone()
+        }
     }
 }
 
@@ -101,6 +126,23 @@ mod tests {
     #[test]
     fn default_config_is_valid() -> Result<()> {
         IndexConfig::default().validate()
+    }
+
+    #[test]
+    fn a_shard_gets_its_part_of_the_budgets_and_a_valid_config() -> Result<()> {
+        let config = IndexConfig { shards: 2, ..IndexConfig::default() };
+        let shard = config.for_shard(2);
+        assert_eq!(shard.cache_bytes, config.cache_bytes / 2);
+        assert_eq!(shard.memtable_bytes_max, config.memtable_bytes_max / 2);
+        assert_eq!(shard.worker_threads, 1);
+        let tiny = IndexConfig { cache_bytes: MIB, memtable_bytes_max: MIB, worker_threads: 1, ..config };
+        tiny.for_shard(SHARDS_MAX).validate()
+    }
+
+    #[test]
+    fn zero_shards_are_rejected() {
+        let config = IndexConfig { shards: 0, ..IndexConfig::default() };
+        assert!(matches!(config.validate(), Err(Error::InvalidConfig { field: "shards", .. })));
     }
 
     #[test]

@@ -38,6 +38,22 @@ pub enum Error {
         max: usize,
     },
 
+    /// The index directory's `layout` file (its shard count) cannot be read or written.
+    #[error("index layout at {path}: {reason}")]
+    Layout {
+        /// Index directory.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A shard's database could not be opened: the thread opening it panicked.
+    #[error("opening the index shard at {path} panicked")]
+    OpenPanicked {
+        /// The shard's directory.
+        path: PathBuf,
+    },
+
     /// The fjall database at `path` could not be opened or created.
     #[error("cannot open the index at {path}: {source}")]
     Open {

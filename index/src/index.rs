@@ -9,6 +9,7 @@ use crate::encoding::{
 use crate::error::{Error, Result, fjall_err};
 use crate::filter::GenerationFilterFactory;
 use crate::groups::{GroupState, Registry};
+use crate::layout;
 use crate::maintenance::{Activity, Maintenance};
 use crate::{AppliedMarker, GroupId, Lookup, Offset, Update};
 use fjall::compaction::filter::Factory;
@@ -25,14 +26,23 @@ const META_MEMTABLE_BYTES: u64 = 8 * 1024 * 1024;
 
 /// The key index of one node. Cheap to clone; `Send + Sync`: many threads may
 /// call `get` while others write. Writes of one group are serialized
-/// internally; the background maintenance thread stops when the last clone
+/// internally; the background maintenance threads stop when the last clone
 /// is dropped.
+///
+/// Split by group into shards, one fjall database each (`layout.rs`): every
+/// call about one group goes to its shard alone, so a group's entries and its
+/// applied marker still commit in one batch.
 #[derive(Clone)]
 pub struct Index {
     inner: Arc<Inner>,
 }
 
 struct Inner {
+    shards: Vec<Shard>,
+}
+
+/// One database of the index.
+struct Shard {
     // Declared first so it drops first: the thread stops before the database closes.
     _maintenance: Maintenance,
     shared: Arc<Shared>,
@@ -61,50 +71,28 @@ pub(crate) struct NewGeneration<'a> {
 }
 
 impl Index {
-    /// Opens (or creates) the index in directory `path`.
+    /// Opens (or creates) the index in directory `path`: its shards side by side,
+    /// each on a thread of its own (each replays its journal).
     pub fn open(path: &Path, config: IndexConfig) -> Result<Index> {
         config.validate()?;
-        let registry = Arc::new(Registry::default());
-        let factory: Arc<dyn Factory> = Arc::new(GenerationFilterFactory::new(registry.clone()));
-        let open_err = |source| Error::Open { path: path.to_path_buf(), source };
-        let db = Database::builder(path)
-            .cache_size(config.cache_bytes)
-            .max_journaling_size(config.journal_bytes_max)
-            .worker_threads(config.worker_threads)
-            .with_compaction_filter_factories(Arc::new(move |keyspace: &str| {
-                (keyspace == DATA_KEYSPACE).then(|| factory.clone())
-            }))
-            .open()
-            .map_err(open_err)?;
-        let memtable_bytes = config.memtable_bytes_max;
-        let data = db
-            .keyspace(DATA_KEYSPACE, || KeyspaceCreateOptions::default().max_memtable_size(memtable_bytes))
-            .map_err(open_err)?;
-        let meta = db
-            .keyspace(META_KEYSPACE, || {
-                KeyspaceCreateOptions::default().max_memtable_size(META_MEMTABLE_BYTES).expect_point_read_hits(true)
-            })
-            .map_err(open_err)?;
-        let shared = Arc::new(Shared {
-            db,
-            data,
-            meta,
-            registry,
-            config,
-            activity: Activity::new(),
-            path: path.to_path_buf(),
-            next_generation: Mutex::new(FIRST_GENERATION),
-            persist_lock: Mutex::new(()),
+        let dirs = layout::open_or_create(path, config.shards)?;
+        let shard_config = config.for_shard(dirs.len());
+        let opened: Vec<Result<Shard>> = std::thread::scope(|scope| {
+            let opening: Vec<_> =
+                dirs.iter().map(|dir| (dir, scope.spawn(|| Shard::open(dir, shard_config.clone())))).collect();
+            opening
+                .into_iter()
+                .map(|(dir, thread)| thread.join().unwrap_or_else(|_| Err(Error::OpenPanicked { path: dir.clone() })))
+                .collect()
         });
-        shared.load(path)?;
-        shared.registry.set_ready();
-        let maintenance = Maintenance::start(shared.clone())?;
+        let shards = opened.into_iter().collect::<Result<Vec<_>>>()?;
         tracing::info!(
             path = %path.display(),
-            groups = shared.registry.group_count(),
+            shards = shards.len(),
+            groups = shards.iter().map(|s| s.shared.registry.group_count()).sum::<usize>(),
             "index opened"
         );
-        Ok(Index { inner: Arc::new(Inner { _maintenance: maintenance, shared }) })
+        Ok(Index { inner: Arc::new(Inner { shards }) })
     }
 
     /// Writes `updates` and `marker` of `group` in one atomic batch.
@@ -114,7 +102,7 @@ impl Index {
     /// Re-applying the same updates is idempotent. Buffered: survives a process
     /// kill; `persist` makes it survive power loss.
     pub fn apply(&self, group: GroupId, updates: &[Update<'_>], marker: &AppliedMarker) -> Result<()> {
-        let shared = self.shared();
+        let shared = self.shard(group);
         shared.check_key_lengths(group, updates.iter().map(Update::key))?;
         shared.with_group_write(group, |state| {
             let mut batch = shared.db.batch();
@@ -158,7 +146,7 @@ impl Index {
     /// committed in fjall's journal). Read the group's high watermark after
     /// the lookup, not before, when the two must agree.
     pub fn get(&self, group: GroupId, key: &[u8]) -> Result<Lookup> {
-        let shared = self.shared();
+        let shared = self.shard(group);
         shared.check_key_lengths(group, std::iter::once(key))?;
         shared.registry.with_group(group, |state| match state {
             None => Ok(Lookup::NotFound),
@@ -169,7 +157,7 @@ impl Index {
     /// Looks several keys of `group` up in one consistent view (a fjall
     /// snapshot: whole batches only); answers in the order of `keys`.
     pub fn get_many(&self, group: GroupId, keys: &[&[u8]]) -> Result<Vec<Lookup>> {
-        let shared = self.shared();
+        let shared = self.shard(group);
         shared.check_key_lengths(group, keys.iter().copied())?;
         let Some(state) = shared.registry.get(group) else {
             return Ok(vec![Lookup::NotFound; keys.len()]);
@@ -189,7 +177,7 @@ impl Index {
 
     /// The group's applied marker; `None` for a group never written or dropped.
     pub fn applied(&self, group: GroupId) -> Result<Option<AppliedMarker>> {
-        let shared = self.shared();
+        let shared = self.shard(group);
         if shared.registry.get(group).is_none() {
             return Ok(None);
         }
@@ -215,7 +203,7 @@ impl Index {
     /// once the raise is fsynced. Stored in the meta keyspace (buffered, like
     /// `apply`).
     pub fn set_watermark(&self, group: GroupId, offset: Offset) -> Result<()> {
-        let shared = self.shared();
+        let shared = self.shard(group);
         shared.with_group_write(group, |state| {
             if offset <= state.watermark.load(Ordering::Acquire) {
                 return Ok(());
@@ -231,7 +219,7 @@ impl Index {
 
     /// The group's cleanup watermark (0 if never set).
     pub fn watermark(&self, group: GroupId) -> Result<Offset> {
-        Ok(self.shared().registry.get(group).map_or(0, |state| state.watermark.load(Ordering::Acquire)))
+        Ok(self.shard(group).registry.get(group).map_or(0, |state| state.watermark.load(Ordering::Acquire)))
     }
 
     /// Drops the group: O(1) (one small batch removing its meta records).
@@ -239,7 +227,7 @@ impl Index {
     /// group with the same id starts empty. Compactions remove the entries once
     /// the drop is fsynced.
     pub fn drop_group(&self, group: GroupId) -> Result<()> {
-        let shared = self.shared();
+        let shared = self.shard(group);
         let Some(state) = shared.registry.get(group) else {
             return Ok(());
         };
@@ -258,10 +246,22 @@ impl Index {
         Ok(())
     }
 
-    /// Makes every earlier write survive power loss (fdatasync of the journal),
-    /// then lets the compaction filter reclaim what those writes made dead.
+    /// Makes every earlier write survive power loss (fdatasync of every shard's
+    /// journal), then lets the compaction filter reclaim what those writes made dead.
     pub fn persist(&self) -> Result<()> {
-        self.shared().persist()
+        self.inner.shards.iter().try_for_each(|shard| shard.shared.persist())
+    }
+
+    /// [`Index::persist`] for the shard holding `group`: makes every earlier write of
+    /// `group` survive power loss (and those of the other groups in its shard).
+    pub fn persist_group(&self, group: GroupId) -> Result<()> {
+        self.shard(group).persist()
+    }
+
+    /// The directory of the database holding `group` (its journals are what
+    /// [`Index::persist_group`] fsyncs).
+    pub fn shard_dir(&self, group: GroupId) -> &Path {
+        &self.shard(group).path
     }
 
     /// A cheap estimate of the group's live keys, for metrics: exact after a
@@ -269,40 +269,91 @@ impl Index {
     /// an existing key and deletes of a missing key make it drift (upwards for
     /// update-heavy groups) until the next rebuild.
     pub fn key_count_estimate(&self, group: GroupId) -> Result<u64> {
-        Ok(self.shared().registry.get(group).map_or(0, |state| state.key_estimate.load(Ordering::Relaxed)))
+        Ok(self.shard(group).registry.get(group).map_or(0, |state| state.key_estimate.load(Ordering::Relaxed)))
     }
 
     /// Blocking maintenance for tests, benchmarks and operators: persist, flush
     /// both memtables, then compact the data keyspace into its last level,
     /// running the compaction filter over everything.
     pub fn compact(&self) -> Result<()> {
-        let shared = self.shared();
-        shared.persist()?;
-        for keyspace in [&shared.data, &shared.meta] {
-            keyspace.rotate_memtable_and_wait().map_err(fjall_err("compact", None))?;
+        for shard in &self.inner.shards {
+            let shared = &shard.shared;
+            shared.persist()?;
+            for keyspace in [&shared.data, &shared.meta] {
+                keyspace.rotate_memtable_and_wait().map_err(fjall_err("compact", None))?;
+            }
+            shared.data.major_compact().map_err(fjall_err("compact", None))?;
         }
-        shared.data.major_compact().map_err(fjall_err("compact", None))
+        Ok(())
     }
 
-    /// Sizes and counts for metrics and benchmarks (reads file metadata: not
-    /// for the hot path).
+    /// Sizes and counts for metrics and benchmarks, summed over the shards (reads
+    /// file metadata: not for the hot path).
     pub fn stats(&self) -> Result<IndexStats> {
-        let shared = self.shared();
-        let (journal_files, journal_bytes) = journal_usage(&shared.path)?;
-        Ok(IndexStats {
-            groups: shared.registry.group_count(),
-            disk_bytes: shared.db.disk_space().map_err(fjall_err("stats", None))?,
-            journal_files,
-            journal_bytes,
-            data_tables: shared.data.table_count(),
-            data_table_bytes: shared.data.disk_space(),
-            write_buffer_bytes: shared.db.write_buffer_size(),
-            cleanup_pending: shared.registry.has_pending(),
-        })
+        let mut total = IndexStats::default();
+        for shard in &self.inner.shards {
+            let shared = &shard.shared;
+            let (journal_files, journal_bytes) = journal_usage(&shared.path)?;
+            total.groups += shared.registry.group_count();
+            total.disk_bytes += shared.db.disk_space().map_err(fjall_err("stats", None))?;
+            total.journal_files += journal_files;
+            total.journal_bytes += journal_bytes;
+            total.data_tables += shared.data.table_count();
+            total.data_table_bytes += shared.data.disk_space();
+            total.write_buffer_bytes += shared.db.write_buffer_size();
+            total.cleanup_pending |= shared.registry.has_pending();
+        }
+        Ok(total)
     }
 
-    pub(crate) fn shared(&self) -> &Shared {
-        &self.inner.shared
+    /// The shard holding `group`.
+    pub(crate) fn shard(&self, group: GroupId) -> &Shared {
+        let shards = &self.inner.shards;
+        // `open` fails rather than return an index without shards.
+        &shards[layout::shard_of(group, shards.len())].shared
+    }
+}
+
+impl Shard {
+    /// Opens (or creates) one database of the index in directory `path`.
+    fn open(path: &Path, config: IndexConfig) -> Result<Shard> {
+        let registry = Arc::new(Registry::default());
+        let factory: Arc<dyn Factory> = Arc::new(GenerationFilterFactory::new(registry.clone()));
+        let open_err = |source| Error::Open { path: path.to_path_buf(), source };
+        let db = Database::builder(path)
+            .cache_size(config.cache_bytes)
+            .max_journaling_size(config.journal_bytes_max)
+            .worker_threads(config.worker_threads)
+            .with_compaction_filter_factories(Arc::new(move |keyspace: &str| {
+                (keyspace == DATA_KEYSPACE).then(|| factory.clone())
+            }))
+            .open()
+            .map_err(open_err)?;
+        let memtable_bytes = config.memtable_bytes_max;
+        let data = db
+            .keyspace(DATA_KEYSPACE, || KeyspaceCreateOptions::default().max_memtable_size(memtable_bytes))
+            .map_err(open_err)?;
+        let meta = db
+            .keyspace(META_KEYSPACE, || {
+                KeyspaceCreateOptions::default().max_memtable_size(META_MEMTABLE_BYTES).expect_point_read_hits(true)
+            })
+            .map_err(open_err)?;
+        let shared = Arc::new(Shared {
+            db,
+            data,
+            meta,
+            registry,
+            config,
+            activity: Activity::new(),
+            path: path.to_path_buf(),
+            next_generation: Mutex::new(FIRST_GENERATION),
+            persist_lock: Mutex::new(()),
+        });
+        shared.load(path)?;
+        shared.registry.set_ready();
+        let maintenance = Maintenance::start(shared.clone())?;
+        tracing::debug!(path = %path.display(), groups = shared.registry.group_count(), "index shard opened");
+        Ok(Shard { _maintenance: maintenance, shared })
     }
 }
 
@@ -340,7 +391,13 @@ impl Shared {
                 found: version.first().copied().unwrap_or_default(),
                 expected: FORMAT_VERSION,
             }),
-            None => self.meta.insert(META_FORMAT_VERSION_KEY, [FORMAT_VERSION]).map_err(fjall_err("open", None)),
+            None => {
+                self.meta.insert(META_FORMAT_VERSION_KEY, [FORMAT_VERSION]).map_err(fjall_err("open", None))?;
+                // A write like any other: the idle flush takes it out of the memtable and
+                // the journal (a shard no group writes to would otherwise keep it there).
+                self.activity.touch();
+                Ok(())
+            }
         }
     }
 

@@ -1,12 +1,12 @@
 //! logdex key index: `key -> offset` for every partition replica (group) on a
-//! node, in one fjall database.
+//! node, in a few fjall databases (shards by group id, see `FORMAT.md`).
 //!
 //! Synchronous; knows nothing about Raft, the log's file format or HTTP. The
 //! raft crate applies committed entries with [`Index::apply`] (entries and the
 //! group's [`AppliedMarker`] in one atomic batch) and serves lookups with
 //! [`Index::get`].
 //!
-//! Layout (byte for byte in `FORMAT.md`): one shared `data` keyspace with keys
+//! Layout (byte for byte in `FORMAT.md`): in each shard, one shared `data` keyspace with keys
 //! `group (u64 BE) | generation (u32 BE) | user key` and values holding the
 //! offset in its shortest big-endian form; one `meta` keyspace with each
 //! group's live generation, applied marker and cleanup watermark. Dropping a
@@ -28,12 +28,14 @@ mod error;
 mod filter;
 mod groups;
 mod index;
+mod layout;
 mod maintenance;
 mod rebuild;
 
 pub use config::IndexConfig;
 pub use error::{Error, Result};
 pub use index::{Index, IndexStats};
+pub use layout::SHARDS_MAX;
 
 /// One partition replica on this node (its replica id). Never reused on a
 /// node, but the index stays correct if it is: a dropped group's entries are

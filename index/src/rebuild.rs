@@ -45,7 +45,7 @@ impl Index {
         records: impl Iterator<Item = std::result::Result<Record, E>>,
         marker: &AppliedMarker,
     ) -> Result<std::result::Result<u64, E>> {
-        let shared = self.shared();
+        let shared = self.shard(group);
         shared.with_group_write(group, |state| {
             let outcome = begin(shared, group, state).and_then(|generation| {
                 match Builder::new(shared, group, generation).run(records)? {

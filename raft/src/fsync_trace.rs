@@ -13,7 +13,7 @@
 //! traced file back to its last recorded length and restart.
 //!
 //! Files traced, at the top level of each directory passed in:
-//! - `*.jnl`: fjall journals (`<data>/raft/`, `<data>/index/`). fjall creates
+//! - `*.jnl`: fjall journals (`<data>/raft/`, `<data>/index/shard-N/`). fjall creates
 //!   a journal preallocated with zeros (64 MiB) and writes it from the start, so
 //!   its length says nothing: the written end is found after the last non-zero
 //!   byte, plus 8 bytes for the trailing zero bytes an `End` entry's checksum

@@ -552,12 +552,10 @@ impl Partition {
             log.sync()?;
             log.next_offset()
         };
-        self.index.persist()?;
-        // Test builds with LOGDEX_FSYNC_TRACE: the node's index journals (`<data>/index`,
-        // two levels above `<data>/partitions/<group>-<replica>`) and this replica's segments.
-        let index_dir = self.dir.parent().and_then(Path::parent).map(|data| data.join("index"));
-        let log_dir = self.dir.join("log");
-        crate::fsync_trace::durable(&[index_dir.as_deref().unwrap_or(&self.dir), &log_dir]);
+        self.index.persist_group(self.replica)?;
+        // Test builds with LOGDEX_FSYNC_TRACE: the journals of this replica's index shard and
+        // its segments.
+        crate::fsync_trace::durable(&[self.index.shard_dir(self.replica), &self.dir.join("log")]);
         let Some(marker) = self.index.applied(self.replica)? else {
             return Ok(None);
         };
@@ -1057,7 +1055,7 @@ fn install_files(
     manifest.save(dir)?;
     let marker = AppliedMarker { state: snapshot.state.clone(), next_offset: snapshot.next_offset };
     let keys = index.rebuild(replica, keyed_records(&log, &manifest, cache), &marker)??;
-    index.persist()?;
+    index.persist_group(replica)?;
     write_file_durably(dir, CHECKPOINT_FILE, &bytes)?;
     remove_file_durably(dir, REAPPLY_FILE)?;
     match std::fs::remove_file(dir.join(INSTALL_FILE)) {
