@@ -30,8 +30,8 @@ pub struct IndexConfig {
     /// Memtable size of the data keyspace before it is flushed (default 32 MiB).
     pub memtable_bytes_max: u64,
     /// Upper bound of sealed journal bytes before fjall forces flushes
-    /// (default 256 MiB, fjall's minimum is 64 MiB). The active journal adds up
-    /// to 64 MiB on top (fjall rotates it at that size).
+    /// (default 256 MiB, fjall's minimum is 64 MiB per shard). Each shard's active
+    /// journal adds up to 64 MiB on top (fjall rotates it at that size).
     pub journal_bytes_max: u64,
     /// Flush memtables after this long without writes, so that idle data does
     /// not sit in memory and in the journal (default 5000 ms; 0 disables).
@@ -47,8 +47,8 @@ pub struct IndexConfig {
     pub worker_threads: usize,
     /// Databases the index is split into by group, opened side by side (default: the
     /// machine's cores, at most 4). Fixed when the index is created: an existing index
-    /// keeps its count. The cache, the memtable size and the worker threads above are
-    /// for the whole index and divided among the shards.
+    /// keeps its count. The cache, the memtable size, the journal bound and the worker
+    /// threads above are for the whole index and divided among the shards.
     pub shards: usize,
 }
 
@@ -101,13 +101,15 @@ impl IndexConfig {
         check("shards", self.shards as u64, (1..=SHARDS_MAX).contains(&self.shards), "must be 1..=16")
     }
 
-    /// The config of one of `shards` databases: the cache, the memtable and the worker
-    /// threads divided among them (at least 1 MiB, 1 MiB and one thread each).
+    /// The config of one of `shards` databases: the cache, the memtable, the sealed
+    /// journals' bound and the worker threads divided among them (at least 1 MiB, 1 MiB,
+    /// fjall's 64 MiB and one thread each).
     pub(crate) fn for_shard(&self, shards: usize) -> IndexConfig {
         let n = shards.max(1);
         IndexConfig {
             cache_bytes: (self.cache_bytes / n as u64).max(MIB),
             memtable_bytes_max: (self.memtable_bytes_max / n as u64).max(MIB),
+            journal_bytes_max: (self.journal_bytes_max / n as u64).max(FJALL_JOURNAL_BYTES_MIN),
             worker_threads: (self.worker_threads / n).max(1),
             shards: 1,
             ..self.clone()
@@ -134,8 +136,15 @@ mod tests {
         let shard = config.for_shard(2);
         assert_eq!(shard.cache_bytes, config.cache_bytes / 2);
         assert_eq!(shard.memtable_bytes_max, config.memtable_bytes_max / 2);
+        assert_eq!(shard.journal_bytes_max, config.journal_bytes_max / 2);
         assert_eq!(shard.worker_threads, 1);
-        let tiny = IndexConfig { cache_bytes: MIB, memtable_bytes_max: MIB, worker_threads: 1, ..config };
+        let tiny = IndexConfig {
+            cache_bytes: MIB,
+            memtable_bytes_max: MIB,
+            journal_bytes_max: FJALL_JOURNAL_BYTES_MIN,
+            worker_threads: 1,
+            ..config
+        };
         tiny.for_shard(SHARDS_MAX).validate()
     }
 
