@@ -109,9 +109,11 @@ mod tests {
         }
     }
 
+    type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
+
     #[test]
-    fn a_new_directory_gets_the_count_asked_and_keeps_it() -> Result<()> {
-        let dir = tempfile::tempdir().map_err(|e| Error::Layout { path: PathBuf::new(), reason: e.to_string() })?;
+    fn a_new_directory_gets_the_count_asked_and_keeps_it() -> TestResult {
+        let dir = tempfile::tempdir()?;
         let path = dir.path().join("index");
         let first = open_or_create(&path, 3)?;
         assert_eq!(first, vec![path.join("shard-0"), path.join("shard-1"), path.join("shard-2")]);
@@ -120,10 +122,9 @@ mod tests {
     }
 
     #[test]
-    fn a_directory_holding_a_database_itself_is_one_shard() -> Result<()> {
-        let dir = tempfile::tempdir().map_err(|e| Error::Layout { path: PathBuf::new(), reason: e.to_string() })?;
-        std::fs::write(dir.path().join(FJALL_VERSION_MARKER), b"x")
-            .map_err(|e| Error::Layout { path: PathBuf::new(), reason: e.to_string() })?;
+    fn a_directory_holding_a_database_itself_is_one_shard() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        std::fs::write(dir.path().join(FJALL_VERSION_MARKER), b"x")?;
         assert_eq!(open_or_create(dir.path(), 4)?, vec![dir.path().to_path_buf()]);
         assert!(!dir.path().join(LAYOUT_FILE).exists(), "an index written before shards is left as it is");
         Ok(())
