@@ -49,10 +49,6 @@ fn tiered_spec() -> TopicSpec {
 }
 
 /// Files named `*.log` under `dir`, at any depth.
-fn log_files(dir: &Path) -> usize {
-    log_file_paths(dir).len()
-}
-
 fn log_file_paths(dir: &Path) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
     entries
@@ -70,11 +66,33 @@ fn log_file_paths(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Segment files in node `id`'s own logs (its cache of remote segments not counted).
-fn local_segments(cluster: &Cluster, id: u64) -> usize {
+/// Base offsets of the segment files in node `id`'s own logs (its cache of remote segments
+/// not counted), ascending; the last one is the active segment.
+fn local_bases(cluster: &Cluster, id: u64) -> Vec<u64> {
     let partitions = cluster.data_dir(id).join("partitions");
-    let Ok(entries) = std::fs::read_dir(&partitions) else { return 0 };
-    entries.flatten().map(|e| log_files(&e.path().join("log"))).sum()
+    let Ok(entries) = std::fs::read_dir(&partitions) else { return Vec::new() };
+    let mut bases: Vec<u64> = entries
+        .flatten()
+        .flat_map(|e| log_file_paths(&e.path().join("log")))
+        .filter_map(|path| Path::new(&path).file_stem()?.to_str()?.parse().ok())
+        .collect();
+    bases.sort_unstable();
+    bases
+}
+
+/// Where the store's copies end: the highest `next_offset` of the segment objects, named
+/// `{base}-{next}-{hash}.log`.
+fn remote_end(objects: &BTreeSet<String>) -> u64 {
+    objects.iter().filter_map(|o| o.rsplit('/').next()?.split('-').nth(1)?.parse::<u64>().ok()).max().unwrap_or(0)
+}
+
+/// Whether node `id` keeps no sealed segment the store holds in whole: with
+/// `local.retention.ms=0` only the segment reaching past the store's end and the ones after
+/// it stay. (Replicas cut segments where they each roll, so how many stay differs.)
+fn keeps_only_what_the_store_lacks(cluster: &Cluster, id: u64, remote_end: u64) -> bool {
+    let bases = local_bases(cluster, id);
+    // Sealed segment `i` ends where segment `i + 1` begins.
+    bases.get(1).is_none_or(|next| *next > remote_end)
 }
 
 async fn wait_until(what: &str, mut done: impl AsyncFnMut() -> Result<bool>) -> Result<()> {
@@ -189,11 +207,18 @@ async fn scenario(cluster: &mut Cluster, store: &Store) -> Result<()> {
     let records = (KEYS + REWRITTEN) as u64;
 
     // Copied to the store, and deleted locally on every replica.
+    let mut seen = String::new();
     wait_until("segments are in the store and gone from every replica's disk", async || {
-        let local: Vec<usize> = [1, 2, 3].iter().map(|id| local_segments(cluster, *id)).collect();
-        Ok(segment_objects(cluster, store).await?.len() >= 10 && local.iter().all(|n| *n <= 2))
+        let objects = segment_objects(cluster, store).await?;
+        let end = remote_end(&objects);
+        let local: Vec<Vec<u64>> = [1, 2, 3].iter().map(|id| local_bases(cluster, *id)).collect();
+        seen = format!("{} objects ending at {end}; local segment bases of nodes 1-3: {local:?}", objects.len());
+        Ok(objects.len() >= 10
+            && end + 20 >= records
+            && [1, 2, 3].iter().all(|id| keeps_only_what_the_store_lacks(cluster, *id, end)))
     })
-    .await?;
+    .await
+    .map_err(|e| Error::Check(format!("{e}: {seen}")))?;
     let d = cluster.describe(TOPIC).await?;
     ensure_eq!(d.partition(0)?.log_start_offset, 0, "the log still starts at 0: {d:?}");
 
@@ -235,7 +260,12 @@ async fn scenario(cluster: &mut Cluster, store: &Store) -> Result<()> {
     };
     ensure!(gauge("logdex_partition_snapshots_installed_total{") >= 1, "node 4 joined through a snapshot");
     ensure!(gauge("logdex_partition_remote_segments{") >= 10, "node 4's manifest names the copies");
-    ensure!(local_segments(cluster, 4) <= 2, "node 4 holds only the newest segments locally");
+    wait_until("node 4 keeps locally only what the store lacks", async || {
+        let end = remote_end(&segment_objects(cluster, store).await?);
+        Ok(keeps_only_what_the_store_lacks(cluster, 4, end))
+    })
+    .await
+    .map_err(|e| Error::Check(format!("{e}: local segment bases {:?}", local_bases(cluster, 4))))?;
 
     // Retention trims the remote segments, their objects go, their keys answer 410.
     let objects = segment_objects(cluster, store).await?.len();
