@@ -15,6 +15,7 @@ use logdex_cluster_tests::TopicSpec;
 use logdex_cluster_tests::cluster::FAILPOINTS_ENV;
 use logdex_cluster_tests::ensure;
 use logdex_cluster_tests::ensure_eq;
+use logdex_cluster_tests::support::settled;
 use std::time::Duration;
 
 const TOPIC: &str = "ryw";
@@ -104,7 +105,11 @@ async fn leader_and_followers(cluster: &Cluster) -> Result<(u64, [u64; 2])> {
 async fn rounds(cluster: &Cluster) -> Result<()> {
     let api = cluster.api();
     let base = cluster.url(1);
-    api.create_topic(&base, &TopicSpec::compacted(TOPIC, 1, 3)).await?;
+    // Right after a restart of every node the controller may still be electing (503).
+    let spec = TopicSpec::compacted(TOPIC, 1, 3);
+    // (200 if an attempt that timed out created it after all.)
+    let created = settled("the topic is created", Duration::from_secs(20), || api.create_topic(&base, &spec)).await?;
+    ensure!(created.status == 201 || created.status == 200, "create answered {}", created.summary());
     let (leader, followers) = leader_and_followers(cluster).await?;
     for round in 0..ROUNDS {
         let value = format!("value-{round}");
