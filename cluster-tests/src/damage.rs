@@ -181,6 +181,12 @@ fn replica_logs(data_dir: &Path) -> Result<Vec<ReplicaLog>> {
     Ok(out)
 }
 
+/// Whether some partition replica under `data_dir` has sealed a segment yet (what
+/// [`flip_and_cut`] needs), read while the node runs.
+pub fn has_sealed_segment(data_dir: &Path) -> Result<bool> {
+    Ok(replica_logs(data_dir)?.iter().any(|r| !r.sealed.is_empty()))
+}
+
 fn read(path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))
 }

@@ -139,14 +139,33 @@ pub async fn converge(
     let mut sources = BTreeMap::new();
     let mut high_watermarks = BTreeMap::new();
     for p in 0..partitions {
-        let part = description.partition(p)?;
-        let leader = part.leader.ok_or_else(|| Error::Check(format!("partition {p} has no leader")))?;
-        let source = Some(leader)
-            .filter(|l| !damaged_nodes.contains(l))
-            .or_else(|| part.replicas.iter().copied().find(|n| !damaged_nodes.contains(n)))
-            .unwrap_or(leader);
-        let (log, hw, _) = fetch_all(cluster, source, topic, p, false, &[]).await?;
-        replicas.insert(p, part.replicas.clone());
+        // Through the leader of a fresh description, again if leadership moves under the read
+        // (an election after heavy faults answers 421 or 503 for a while).
+        let mut first = Some(description.clone());
+        let what = format!("partition {p}'s log through its leader");
+        let damaged_nodes = &damaged_nodes;
+        let (part_replicas, source, (log, hw, _)) =
+            poll_until(&what, SETTLE_TIMEOUT, Duration::from_millis(500), || {
+                let known = first.take();
+                async move {
+                    let d = match known {
+                        Some(d) => d,
+                        None => cluster.describe(topic).await?,
+                    };
+                    let part = d.partition(p)?;
+                    let Some(leader) = part.leader else { return Ok(Probe::NotYet("no leader".into())) };
+                    let source = Some(leader)
+                        .filter(|l| !damaged_nodes.contains(l))
+                        .or_else(|| part.replicas.iter().copied().find(|n| !damaged_nodes.contains(n)))
+                        .unwrap_or(leader);
+                    Ok(match fetch_all(cluster, source, topic, p, false, &[]).await {
+                        Ok(found) => Probe::Ready((part.replicas.clone(), source, found)),
+                        Err(e) => Probe::NotYet(format!("through node {source}: {e}")),
+                    })
+                }
+            })
+            .await?;
+        replicas.insert(p, part_replicas);
         sources.insert(p, source);
         high_watermarks.insert(p, hw);
         logs.insert(p, log);

@@ -29,6 +29,11 @@ const SNAPSHOT_INSTALLED: &str = "snapshot installed";
 /// open (log/src/segment.rs).
 const TORN_TAIL_CUT: &str = "truncating torn tail of the active segment";
 const POLL: Duration = Duration::from_millis(250);
+/// How long a pause or a cut lasts at most while waiting for its evidence (another node
+/// elected): a loaded machine has taken more than 4 s for an election (soak seed 3031).
+const EVIDENCE_WAIT: Duration = Duration::from_secs(20);
+/// How long a node to damage may take to seal its first segment.
+const SEALED_WAIT: Duration = Duration::from_secs(60);
 const MOVE_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
@@ -254,6 +259,12 @@ impl Nemesis<'_> {
             }
             _ => (running[pick % running.len()], "a random node".to_string()),
         };
+        // The workload seals segments at its own pace: on a slow machine the warm-up may not
+        // have filled one yet.
+        let until = Instant::now() + SEALED_WAIT;
+        while !crate::damage::has_sealed_segment(self.cluster.data_dir(victim))? && Instant::now() < until {
+            tokio::time::sleep(POLL).await;
+        }
         self.kill(victim, &format!("{why}, to damage its files"))?;
         let cuts_before = count_in_log(self.cluster.log_path(victim), TORN_TAIL_CUT);
         let data_dir = self.cluster.data_dir(victim).to_path_buf();
@@ -375,7 +386,8 @@ impl Nemesis<'_> {
     }
 
     /// SIGSTOP `node` for `duration`, then SIGCONT; evidence: another node took over a
-    /// partition it led.
+    /// partition it led. The node stays stopped until that is seen (up to [`EVIDENCE_WAIT`]),
+    /// also past `duration`.
     pub async fn pause(&mut self, node: u64, duration: Duration) -> Result<()> {
         let layout = self.layout(&[]).await;
         let led = Self::led_by(&layout, node);
@@ -387,7 +399,7 @@ impl Nemesis<'_> {
         );
         let index = self.events.len() - 1;
         let started = Instant::now();
-        let evidence = self.wait_for_new_leader(node, &led, &[node], duration).await;
+        let evidence = self.wait_for_new_leader(node, &led, &[node], duration.max(EVIDENCE_WAIT)).await;
         match evidence {
             Ok(text) => self.confirm(index, true, text),
             Err(text) => self.confirm(index, false, text),
@@ -419,7 +431,8 @@ impl Nemesis<'_> {
 
     /// Cuts `node` off from every peer (`fault` both ways) for `duration` while clients still
     /// reach it over HTTP; evidence: the proxy refused, reset or discarded its traffic and
-    /// another node took over a partition it led.
+    /// another node took over a partition it led (the node stays cut off until that is seen,
+    /// up to [`EVIDENCE_WAIT`], also past `duration`).
     pub async fn isolate(&mut self, node: u64, fault: Fault, duration: Duration) -> Result<()> {
         let layout = self.layout(&[]).await;
         let led = Self::led_by(&layout, node);
@@ -432,7 +445,7 @@ impl Nemesis<'_> {
         );
         let index = self.events.len() - 1;
         let started = Instant::now();
-        let elected = self.wait_for_new_leader(node, &led, &[node], duration).await;
+        let elected = self.wait_for_new_leader(node, &led, &[node], duration.max(EVIDENCE_WAIT)).await;
         self.hold(duration.saturating_sub(started.elapsed())).await?;
         let after = self.link_stats(node)?;
         let blocked = (after.bytes_blackholed - before.bytes_blackholed)
