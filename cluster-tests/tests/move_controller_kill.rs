@@ -84,6 +84,9 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
         ensure!(Instant::now() < deadline, "move not complete: {p}");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    // A removed leader steps down once the membership without it commits: an election may
+    // still be under way.
+    cluster.wait_for_leaders(TOPIC, Duration::from_secs(20)).await?;
     for k in (0..KEYS / 2).chain(acknowledged.iter().copied()) {
         let key = format!("k-{k}");
         let read = Read::linearizable();

@@ -206,15 +206,24 @@ async fn scenario(cluster: &mut Cluster, store: &Store) -> Result<()> {
     }
     let records = (KEYS + REWRITTEN) as u64;
 
-    // Copied to the store, and deleted locally on every replica.
+    // Copied to the store, deleted locally and every record applied on every replica.
     let mut seen = String::new();
     wait_until("segments are in the store and gone from every replica's disk", async || {
         let objects = segment_objects(cluster, store).await?;
         let end = remote_end(&objects);
         let local: Vec<Vec<u64>> = [1, 2, 3].iter().map(|id| local_bases(cluster, *id)).collect();
-        seen = format!("{} objects ending at {end}; local segment bases of nodes 1-3: {local:?}", objects.len());
+        // Follower reads below need every record applied on every replica.
+        let mut applied = Vec::new();
+        for id in [1, 2, 3] {
+            applied.push(cluster.metric(id, "logdex_partition_high_watermark").await?);
+        }
+        seen = format!(
+            "{} objects ending at {end}; high watermarks {applied:?}; local segment bases of nodes 1-3: {local:?}",
+            objects.len()
+        );
         Ok(objects.len() >= 10
             && end + 20 >= records
+            && applied.iter().all(|hw| *hw >= records)
             && [1, 2, 3].iter().all(|id| keeps_only_what_the_store_lacks(cluster, *id, end)))
     })
     .await
