@@ -1,24 +1,33 @@
 //! Nodes of an initial cluster start in any order. A topic created as soon as a quorum is up
 //! may ask for more replicas than have registered: the create waits (bounded) for the nodes
-//! the cluster's `--peers` names, instead of refusing with 400.
+//! the cluster's `--peers` names, instead of refusing with 400. A create that arrives while
+//! the controller group has no leader yet (too few nodes up, or an election after every node
+//! restarted) waits (bounded) for one to be elected, instead of answering 503 at once.
 
 mod common;
 
+use clap::Parser;
 use common::TestResult;
 use common::start_node_at;
+use logdex_api::cli::Cli;
+use logdex_api::cli::Command;
 use serde_json::json;
 
 /// Free loopback ports for the nodes' RPC addresses, which `--peers` must name up front. They
 /// are taken below the kernel's ephemeral range: node 3's port stays unbound for seconds, and
-/// a port in that range could meanwhile become the local end of another connection.
+/// a port in that range could meanwhile become the local end of another connection. Each
+/// call starts past the ports earlier calls of this process handed out (the tests run side by
+/// side, and a port handed out stays unbound until its node starts).
 fn free_ports(count: usize) -> TestResult<Vec<u16>> {
+    static HANDED_OUT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let skip = HANDED_OUT.fetch_add(100, std::sync::atomic::Ordering::Relaxed);
     let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|s| s.split_whitespace().next().and_then(|p| p.parse::<u16>().ok()))
         .unwrap_or(32768);
     let low = 10_000u16;
     let span = ephemeral_start.saturating_sub(low).max(1);
-    let mut next = low + (std::process::id() % u32::from(span)) as u16;
+    let mut next = low + (std::process::id().wrapping_add(skip) % u32::from(span)) as u16;
     let mut ports = Vec::new();
     for _ in 0..span {
         next = if next + 1 >= ephemeral_start { low } else { next + 1 };
@@ -69,6 +78,45 @@ async fn a_topic_created_before_the_last_peer_registers_waits_for_it() -> TestRe
     assert_eq!(got.text().await?, "v");
 
     node_3.shutdown().await;
+    node_2.shutdown().await;
+    node_1.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_created_before_the_controller_elects_a_leader_waits_for_the_election() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let ports = free_ports(2)?;
+    let rpc: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let peers = format!("1@{},2@{}", rpc[0], rpc[1]);
+    let fast = ["--election-timeout-ms", "300", "--heartbeat-ms", "100"];
+    // Node 1 alone is no quorum of two: it never becomes ready, so it is started without
+    // waiting for /readyz.
+    let data_1 = dir.path().join("n1").display().to_string();
+    let mut args = vec!["logdex", "serve", "--data-dir", &data_1, "--http-addr", "127.0.0.1:0"];
+    args.extend_from_slice(&["--rpc-addr", &rpc[0], "--node-id", "1", "--peers", &peers]);
+    args.extend_from_slice(&fast);
+    let Some(Command::Serve(serve)) = Cli::parse_from(args).command else { return Err("not a serve command".into()) };
+    let node_1 = logdex_api::serve::start(serve).await?;
+    let url_1 = format!("http://{}", node_1.http_addr);
+    let http = reqwest::Client::new();
+
+    let create = {
+        let (http, url_1) = (http.clone(), url_1.clone());
+        tokio::spawn(async move {
+            let topic = json!({"name": "t", "partitions": 1, "replication_factor": 1});
+            http.post(format!("{url_1}/topics")).json(&topic).send().await.map(|r| r.status())
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(!create.is_finished(), "the create waits while the controller has no leader");
+    let mut args_2 = vec!["--node-id", "2", "--peers", &peers];
+    args_2.extend_from_slice(&fast);
+    let (node_2, _) = start_node_at(&dir.path().join("n2"), &rpc[1], &args_2).await?;
+    assert_eq!(create.await??, 201, "created once the controller elected a leader");
+    let put = http.put(format!("{url_1}/kv/t/k")).body("v").send().await?;
+    assert_eq!(put.status(), 200);
+
     node_2.shutdown().await;
     node_1.shutdown().await;
     Ok(())

@@ -65,6 +65,10 @@ pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
 const CONTROLLER_CATCH_UP: Duration = Duration::from_secs(2);
 /// Tries of a read whose remote segments must be fetched first (tiered storage).
 const TIER_READ_ATTEMPTS: usize = 3;
+/// How long a controller write (a topic create, an alter, a move) waits for the controller
+/// group to elect a leader, as a partition write waits for its group's (8 s), before it
+/// answers 503.
+const CONTROLLER_LEADER_WAIT: Duration = Duration::from_secs(8);
 /// How long a `linearizable` or `strict` read waits for its replica to learn a leader.
 const LEADER_WAIT_MAX: Duration = Duration::from_secs(1);
 /// How often that wait looks again.
@@ -599,8 +603,13 @@ impl Node {
     /// on the first ones up may ask for more replicas than have registered yet. Returns at once
     /// when the cluster has fewer nodes than `count` (the create is then refused as it was).
     pub async fn wait_registered_nodes(&self, count: usize, bound: Duration) {
+        // The membership is known once the controller has a leader: a node of a brand-new
+        // cluster may be asked before its first election.
+        let deadline = tokio::time::Instant::now() + bound;
+        self.wait_controller_leader(deadline).await;
         if self.controller_member_count() >= count {
-            self.wait_cluster_state(bound, |s| s.nodes.len() >= count).await;
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            self.wait_cluster_state(left, |s| s.nodes.len() >= count).await;
         }
     }
 
@@ -617,28 +626,46 @@ impl Node {
             _ => None,
         };
         let command = pb::Command { kind: Some(pb::command::Kind::Controller(cmd.clone())) };
-        match tokio::time::timeout(OPERATION_TIMEOUT, raft.client_write(command)).await {
-            Err(_) => Err(Error::Timeout("controller write".into())),
-            Ok(Ok(resp)) => {
-                let result = match resp.data.kind {
-                    Some(pb::command_response::Kind::Controller(r)) => r,
-                    _ => return Err(Error::Corrupted("controller answered a non-controller response".into())),
-                };
-                if let Some(r) = register {
-                    self.add_controller_learner(r).await?;
+        let election_deadline = tokio::time::Instant::now() + CONTROLLER_LEADER_WAIT;
+        loop {
+            match tokio::time::timeout(OPERATION_TIMEOUT, raft.client_write(command.clone())).await {
+                Err(_) => return Err(Error::Timeout("controller write".into())),
+                Ok(Ok(resp)) => {
+                    let result = match resp.data.kind {
+                        Some(pb::command_response::Kind::Controller(r)) => r,
+                        _ => return Err(Error::Corrupted("controller answered a non-controller response".into())),
+                    };
+                    if let Some(r) = register {
+                        self.add_controller_learner(r).await?;
+                    }
+                    return Ok((result, resp.log_id.index));
                 }
-                Ok((result, resp.log_id.index))
-            }
-            Ok(Err(OrRaftError::APIError(OrClientWriteError::ForwardToLeader(f)))) => {
-                let Some(node) = f.leader_node else {
-                    return Err(Error::unavailable("the controller has no leader"));
-                };
-                if forwarded {
-                    return Err(Error::NotLeader { group: CONTROLLER_GROUP, leader_node: Some(node.node_id) });
+                Ok(Err(OrRaftError::APIError(OrClientWriteError::ForwardToLeader(f)))) => {
+                    let Some(node) = f.leader_node else {
+                        // An election is under way (every node restarted, or the leader
+                        // went): nothing was proposed, so wait for its winner, bounded.
+                        if tokio::time::Instant::now() >= election_deadline {
+                            return Err(Error::unavailable("the controller has no leader"));
+                        }
+                        tokio::time::sleep(LEADER_POLL).await;
+                        self.wait_controller_leader(election_deadline).await;
+                        continue;
+                    };
+                    if forwarded {
+                        return Err(Error::NotLeader { group: CONTROLLER_GROUP, leader_node: Some(node.node_id) });
+                    }
+                    return self.remote_controller_write(&node.rpc_addr, cmd, true).await;
                 }
-                self.remote_controller_write(&node.rpc_addr, cmd, true).await
+                Ok(Err(e)) => return Err(Error::unavailable(e)),
             }
-            Ok(Err(e)) => Err(Error::unavailable(e)),
+        }
+    }
+
+    /// Waits until the controller group has a leader this node knows of, or `deadline` passes.
+    async fn wait_controller_leader(&self, deadline: tokio::time::Instant) {
+        let raft = &self.inner.controller_raft;
+        while crate::types::metrics_of(raft).current_leader.is_none() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(LEADER_POLL).await;
         }
     }
 
