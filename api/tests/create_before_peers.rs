@@ -41,6 +41,16 @@ fn free_ports(count: usize) -> TestResult<Vec<u16>> {
     Err("no free loopback ports below the ephemeral range".into())
 }
 
+/// Sends a topic create to `url` in the background; its answer's status.
+fn spawn_create(
+    http: &reqwest::Client,
+    url: &str,
+    topic: serde_json::Value,
+) -> tokio::task::JoinHandle<reqwest::Result<reqwest::StatusCode>> {
+    let (http, url) = (http.clone(), url.to_string());
+    tokio::spawn(async move { http.post(format!("{url}/topics")).json(&topic).send().await.map(|r| r.status()) })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_topic_created_before_the_last_peer_registers_waits_for_it() -> TestResult {
     let dir = tempfile::tempdir()?;
@@ -60,13 +70,7 @@ async fn a_topic_created_before_the_last_peer_registers_waits_for_it() -> TestRe
     let refused = http.post(format!("{url_1}/topics")).json(&too_many).send().await?;
     assert_eq!(refused.status(), 400);
 
-    let create = {
-        let (http, url_1) = (http.clone(), url_1.clone());
-        tokio::spawn(async move {
-            let topic = json!({"name": "t", "partitions": 2, "replication_factor": 3});
-            http.post(format!("{url_1}/topics")).json(&topic).send().await.map(|r| r.status())
-        })
-    };
+    let create = spawn_create(&http, &url_1, json!({"name": "t", "partitions": 2, "replication_factor": 3}));
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     assert!(!create.is_finished(), "the create waits while node 3 is not up");
     let (node_3, url_3) =
@@ -101,13 +105,7 @@ async fn a_topic_created_before_the_controller_elects_a_leader_waits_for_the_ele
     let url_1 = format!("http://{}", node_1.http_addr);
     let http = reqwest::Client::new();
 
-    let create = {
-        let (http, url_1) = (http.clone(), url_1.clone());
-        tokio::spawn(async move {
-            let topic = json!({"name": "t", "partitions": 1, "replication_factor": 1});
-            http.post(format!("{url_1}/topics")).json(&topic).send().await.map(|r| r.status())
-        })
-    };
+    let create = spawn_create(&http, &url_1, json!({"name": "t", "partitions": 1, "replication_factor": 1}));
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     assert!(!create.is_finished(), "the create waits while the controller has no leader");
     let mut args_2 = vec!["--node-id", "2", "--peers", &peers];
