@@ -2,15 +2,14 @@
 //! may ask for more replicas than have registered: the create waits (bounded) for the nodes
 //! the cluster's `--peers` names, instead of refusing with 400. A create that arrives while
 //! the controller group has no leader yet (too few nodes up, or an election after every node
-//! restarted) waits (bounded) for one to be elected, instead of answering 503 at once.
+//! restarted) waits (bounded) for one to be elected, instead of answering 503 at once (for
+//! an alter after a restart of every node: `cluster-tests/tests/controller_election.rs`).
 
 mod common;
 
-use clap::Parser;
 use common::TestResult;
 use common::start_node_at;
-use logdex_api::cli::Cli;
-use logdex_api::cli::Command;
+use common::start_node_unready;
 use serde_json::json;
 
 /// Free loopback ports for the nodes' RPC addresses, which `--peers` must name up front. They
@@ -87,30 +86,30 @@ async fn a_topic_created_before_the_last_peer_registers_waits_for_it() -> TestRe
     Ok(())
 }
 
+/// Election timers of the two-node clusters below: short, so a test waits little.
+const FAST: [&str; 4] = ["--election-timeout-ms", "300", "--heartbeat-ms", "100"];
+
+/// `--node-id N --peers P` and [`FAST`].
+fn peer_args<'a>(id: &'a str, peers: &'a str) -> Vec<&'a str> {
+    let mut args = vec!["--node-id", id, "--peers", peers];
+    args.extend_from_slice(&FAST);
+    args
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_topic_created_before_the_controller_elects_a_leader_waits_for_the_election() -> TestResult {
     let dir = tempfile::tempdir()?;
     let ports = free_ports(2)?;
     let rpc: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let peers = format!("1@{},2@{}", rpc[0], rpc[1]);
-    let fast = ["--election-timeout-ms", "300", "--heartbeat-ms", "100"];
-    // Node 1 alone is no quorum of two: it never becomes ready, so it is started without
-    // waiting for /readyz.
-    let data_1 = dir.path().join("n1").display().to_string();
-    let mut args = vec!["logdex", "serve", "--data-dir", &data_1, "--http-addr", "127.0.0.1:0"];
-    args.extend_from_slice(&["--rpc-addr", &rpc[0], "--node-id", "1", "--peers", &peers]);
-    args.extend_from_slice(&fast);
-    let Some(Command::Serve(serve)) = Cli::parse_from(args).command else { return Err("not a serve command".into()) };
-    let node_1 = logdex_api::serve::start(serve).await?;
-    let url_1 = format!("http://{}", node_1.http_addr);
+    // Node 1 alone is no quorum of two: it never becomes ready.
+    let (node_1, url_1) = start_node_unready(&dir.path().join("n1"), &rpc[0], &peer_args("1", &peers)).await?;
     let http = reqwest::Client::new();
 
     let create = spawn_create(&http, &url_1, json!({"name": "t", "partitions": 1, "replication_factor": 1}));
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     assert!(!create.is_finished(), "the create waits while the controller has no leader");
-    let mut args_2 = vec!["--node-id", "2", "--peers", &peers];
-    args_2.extend_from_slice(&fast);
-    let (node_2, _) = start_node_at(&dir.path().join("n2"), &rpc[1], &args_2).await?;
+    let (node_2, _) = start_node_at(&dir.path().join("n2"), &rpc[1], &peer_args("2", &peers)).await?;
     assert_eq!(create.await??, 201, "created once the controller elected a leader");
     let put = http.put(format!("{url_1}/kv/t/k")).body("v").send().await?;
     assert_eq!(put.status(), 200);

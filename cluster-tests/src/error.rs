@@ -35,6 +35,10 @@ pub enum Error {
     /// A test expectation that did not hold; the text says what was expected and what was seen.
     #[error("check failed: {0}")]
     Check(String),
+    /// An answer the design gives while the cluster settles (421 after a leader change, 502 to
+    /// 504): the caller may ask again.
+    #[error("not settled yet: {0}")]
+    Unsettled(String),
 }
 
 impl Error {

@@ -603,10 +603,12 @@ impl Node {
     /// on the first ones up may ask for more replicas than have registered yet. Returns at once
     /// when the cluster has fewer nodes than `count` (the create is then refused as it was).
     pub async fn wait_registered_nodes(&self, count: usize, bound: Duration) {
-        // The membership is known once the controller has a leader: a node of a brand-new
-        // cluster may be asked before its first election.
+        // A node of a brand-new cluster asked before its first election may not know the
+        // membership yet: it knows it once the controller has a leader.
         let deadline = tokio::time::Instant::now() + bound;
-        self.wait_controller_leader(deadline).await;
+        if self.controller_member_count() < count {
+            self.wait_controller_leader(deadline).await;
+        }
         if self.controller_member_count() >= count {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             self.wait_cluster_state(left, |s| s.nodes.len() >= count).await;
@@ -643,8 +645,12 @@ impl Node {
                 Ok(Err(OrRaftError::APIError(OrClientWriteError::ForwardToLeader(f)))) => {
                     let Some(node) = f.leader_node else {
                         // An election is under way (every node restarted, or the leader
-                        // went): nothing was proposed, so wait for its winner, bounded.
-                        if tokio::time::Instant::now() >= election_deadline {
+                        // went): nothing was proposed, so wait for its winner, bounded. Not
+                        // on a node outside the controller group (a joining node, which
+                        // registers through its peers then) nor for a forwarding node (its
+                        // call has its own deadline).
+                        let waits = !forwarded && self.controller_membership_has(self.node_id());
+                        if !waits || tokio::time::Instant::now() >= election_deadline {
                             return Err(Error::unavailable("the controller has no leader"));
                         }
                         tokio::time::sleep(LEADER_POLL).await;

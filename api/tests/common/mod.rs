@@ -18,13 +18,7 @@ pub async fn start_node(dir: &std::path::Path, extra: &[&str]) -> TestResult<(Ru
 
 /// As [`start_node`], with the RPC address given (for a node named in `--peers`).
 pub async fn start_node_at(dir: &std::path::Path, rpc_addr: &str, extra: &[&str]) -> TestResult<(RunningNode, String)> {
-    let data_dir = dir.display().to_string();
-    let mut args =
-        vec!["logdex", "serve", "--data-dir", &data_dir, "--http-addr", "127.0.0.1:0", "--rpc-addr", rpc_addr];
-    args.extend_from_slice(extra);
-    let Some(Command::Serve(serve)) = Cli::parse_from(args).command else { return Err("not a serve command".into()) };
-    let node = logdex_api::serve::start(serve).await?;
-    let url = format!("http://{}", node.http_addr);
+    let (node, url) = start_node_unready(dir, rpc_addr, extra).await?;
     let http = reqwest::Client::new();
     for _ in 0..300 {
         if http.get(format!("{url}/readyz")).send().await.map(|r| r.status().is_success()).unwrap_or(false) {
@@ -33,6 +27,23 @@ pub async fn start_node_at(dir: &std::path::Path, rpc_addr: &str, extra: &[&str]
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Err("node never became ready".into())
+}
+
+/// As [`start_node_at`], without waiting for `/readyz` (a node that cannot be ready alone).
+#[allow(dead_code)] // Not every test binary that includes this module uses it.
+pub async fn start_node_unready(
+    dir: &std::path::Path,
+    rpc_addr: &str,
+    extra: &[&str],
+) -> TestResult<(RunningNode, String)> {
+    let data_dir = dir.display().to_string();
+    let mut args =
+        vec!["logdex", "serve", "--data-dir", &data_dir, "--http-addr", "127.0.0.1:0", "--rpc-addr", rpc_addr];
+    args.extend_from_slice(extra);
+    let Some(Command::Serve(serve)) = Cli::parse_from(args).command else { return Err("not a serve command".into()) };
+    let node = logdex_api::serve::start(serve).await?;
+    let url = format!("http://{}", node.http_addr);
+    Ok((node, url))
 }
 
 /// Writes `token` as a token file (`--auth-token-file`, `--rpc-token-file`) named `name` in

@@ -28,6 +28,7 @@ use crate::damage::Damage;
 use crate::error::Error;
 use crate::error::Result;
 use crate::support::Probe;
+use crate::support::is_transient_status;
 use crate::support::poll_until;
 
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(45);
@@ -96,6 +97,9 @@ async fn fetch_all(
             offset = range.last + 1;
             continue;
         }
+        if reply.status == 421 || is_transient_status(reply.status) {
+            return Err(Error::Unsettled(reply.summary()));
+        }
         reply.expect_status(200)?;
         let page: FetchResponse = reply.decode()?;
         for r in &page.records {
@@ -158,10 +162,13 @@ pub async fn converge(
                         .filter(|l| !damaged_nodes.contains(l))
                         .or_else(|| part.replicas.iter().copied().find(|n| !damaged_nodes.contains(n)))
                         .unwrap_or(leader);
-                    Ok(match fetch_all(cluster, source, topic, p, false, &[]).await {
-                        Ok(found) => Probe::Ready((part.replicas.clone(), source, found)),
-                        Err(e) => Probe::NotYet(format!("through node {source}: {e}")),
-                    })
+                    match fetch_all(cluster, source, topic, p, false, &[]).await {
+                        Ok(found) => Ok(Probe::Ready((part.replicas.clone(), source, found))),
+                        Err(e) if e.is_transport() || matches!(e, Error::Unsettled(_)) => {
+                            Ok(Probe::NotYet(format!("through node {source}: {e}")))
+                        }
+                        Err(e) => Err(e),
+                    }
                 }
             })
             .await?;

@@ -394,7 +394,7 @@ impl Nemesis<'_> {
         self.cluster.pause(node)?;
         self.note(
             EventKind::Fault,
-            format!("SIGSTOP node {node} for {duration:?} (it leads partitions {led:?})"),
+            format!("SIGSTOP node {node} for {duration:?}, longer until another node is elected (it leads partitions {led:?})"),
             None,
         );
         let index = self.events.len() - 1;
@@ -440,7 +440,7 @@ impl Nemesis<'_> {
         self.proxy()?.isolate(node, fault);
         self.note(
             EventKind::Fault,
-            format!("isolate node {node} from its peers ({fault:?}) for {duration:?}; it leads {led:?}"),
+            format!("isolate node {node} from its peers ({fault:?}) for {duration:?}, longer until another node is elected; it leads {led:?}"),
             None,
         );
         let index = self.events.len() - 1;

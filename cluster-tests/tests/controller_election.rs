@@ -1,0 +1,58 @@
+//! Admin writes wait for the controller's election: after every node stopped, the first one
+//! back is no quorum, and an alter sent to it waits (bounded) until a second node is back and
+//! the controller elected a leader, instead of answering 503 at once.
+
+use std::time::Duration;
+
+use logdex_cluster_tests::Cluster;
+use logdex_cluster_tests::Result;
+use logdex_cluster_tests::TopicSpec;
+use logdex_cluster_tests::client::Body;
+use logdex_cluster_tests::ensure;
+use logdex_cluster_tests::ensure_eq;
+use logdex_cluster_tests::support::Probe;
+use logdex_cluster_tests::support::poll_until;
+use serde_json::Value;
+use serde_json::json;
+
+const TOPIC: &str = "elect";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alter_while_the_controller_has_no_leader_waits_for_the_election() -> Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    let outcome = scenario(&mut cluster).await;
+    cluster.finish(outcome)
+}
+
+async fn scenario(cluster: &mut Cluster) -> Result<()> {
+    let api = cluster.api().clone();
+    api.create_topic(&cluster.url(1), &TopicSpec::compacted(TOPIC, 1, 3)).await?.expect_status(201)?;
+    cluster.stop_all()?;
+    cluster.launch_stopped(1)?;
+    let url_1 = cluster.url(1);
+    poll_until("node 1 serves HTTP", Duration::from_secs(30), Duration::from_millis(100), || async {
+        Ok(match api.healthz(&url_1).await {
+            Ok(reply) if reply.status == 200 => Probe::Ready(()),
+            Ok(reply) => Probe::NotYet(reply.summary()),
+            Err(e) => Probe::NotYet(e.to_string()),
+        })
+    })
+    .await?;
+
+    let alter = {
+        let (api, url) = (api.clone(), format!("{url_1}/topics/{TOPIC}/config"));
+        tokio::spawn(async move {
+            let body = Body::Json(json!({ "config": { "retention.ms": "60000" } }));
+            api.request(reqwest::Method::POST, &url, Some(body)).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ensure!(!alter.is_finished(), "the alter waits while node 1 alone has no controller leader");
+    cluster.launch_stopped(2)?;
+    let answer = alter.await.map_err(|e| logdex_cluster_tests::Error::Check(e.to_string()))??;
+    answer.expect_status(200)?;
+    let described: Value = api.describe(&url_1, TOPIC).await?.json()?;
+    ensure_eq!(described["config"]["retention.ms"], json!("60000"), "the alter applied: {described}");
+    cluster.launch_stopped(3)?;
+    cluster.wait_nodes_ready(&[1, 2, 3]).await
+}
