@@ -600,8 +600,9 @@ impl Node {
 
     /// Waits (up to `bound`) until `count` nodes have registered, if the controller group's
     /// membership names that many: nodes of `--peers` start in any order, and a topic created
-    /// on the first ones up may ask for more replicas than have registered yet. Returns at once
-    /// when the cluster has fewer nodes than `count` (the create is then refused as it was).
+    /// on the first ones up may ask for more replicas than have registered yet. Returns as soon
+    /// as the membership, once a controller leader is known, names fewer nodes than `count`
+    /// (the create is then refused as it was).
     pub async fn wait_registered_nodes(&self, count: usize, bound: Duration) {
         // A node of a brand-new cluster asked before its first election may not know the
         // membership yet: it knows it once the controller has a leader.
