@@ -570,11 +570,12 @@ struct ProduceRecord {
     partition: Option<u32>,
 }
 
-fn decode_field(text: String, base64: bool, what: &str) -> Result<Vec<u8>, ApiError> {
+/// The bytes of a field of record `i` (`what`: "key", "value", "header value").
+fn decode_field(text: String, base64: bool, i: usize, what: &str) -> Result<Vec<u8>, ApiError> {
     if base64 {
         base64::engine::general_purpose::STANDARD
             .decode(text.as_bytes())
-            .map_err(|e| ApiError::bad("invalid_record", format!("{what} is not valid base64: {e}")))
+            .map_err(|e| ApiError::bad("invalid_record", format!("record {i}: {what} is not valid base64: {e}")))
     } else {
         Ok(text.into_bytes())
     }
@@ -618,8 +619,8 @@ async fn produce_records(
     // Partition -> (request positions, records), validated before anything is written.
     let mut per_partition: BTreeMap<u32, (Vec<usize>, Vec<Record>)> = BTreeMap::new();
     for (i, r) in req.records.into_iter().enumerate() {
-        let key = r.key.map(|k| decode_field(k, base64, "key")).transpose()?;
-        let value = r.value.map(|v| decode_field(v, base64, "value")).transpose()?;
+        let key = r.key.map(|k| decode_field(k, base64, i, "key")).transpose()?;
+        let value = r.value.map(|v| decode_field(v, base64, i, "value")).transpose()?;
         if key.as_ref().is_some_and(|k| k.len() > s.limits.key_bytes_max) {
             return Err(ApiError::TooLarge(format!("record {i}: key exceeds {} bytes", s.limits.key_bytes_max)));
         }
@@ -637,7 +638,7 @@ async fn produce_records(
         let mut record_headers = Vec::with_capacity(r.headers.len());
         let mut header_bytes = 0usize;
         for (name, v) in r.headers {
-            let value = v.map(|v| decode_field(v, base64, "header value")).transpose()?;
+            let value = v.map(|v| decode_field(v, base64, i, "header value")).transpose()?;
             header_bytes += name.len() + value.as_ref().map_or(0, Vec::len);
             record_headers.push(logdex_log::Header { key: name, value });
         }
@@ -653,16 +654,113 @@ async fn produce_records(
         entry.1.push(Record { timestamp_ms: now, key, value, headers: record_headers });
     }
     let hop = hop(&s, &headers, &q);
+    // Each partition's records are one batch, appended whole or not at all; what would refuse
+    // one partition's batch after others were written is checked first, for all of them.
+    check_partition_batches(&s, &t, &per_partition)?;
+    if hop.forwarded || !hop.forward {
+        check_partitions_led_here(&s, &t, &per_partition, hop, &uri).await?;
+    }
     let total: usize = per_partition.values().map(|(pos, _)| pos.len()).sum();
     let mut offsets = vec![Value::Null; total];
-    for (partition, (positions, records)) in per_partition {
-        let record = &t.partitions[partition as usize];
-        let base = produce_to(&s, record, records, hop, &uri).await?;
+    // The partitions' batches are independent Raft entries: they commit side by side.
+    let writes = per_partition.into_iter().map(|(partition, (positions, records))| {
+        let (s, record, uri) = (&s, &t.partitions[partition as usize], &uri);
+        async move { produce_to(s, record, records, hop, uri).await.map(|base| (partition, positions, base)) }
+    });
+    for written in futures::future::join_all(writes).await {
+        let (partition, positions, base) = written?;
         for (j, pos) in positions.into_iter().enumerate() {
             offsets[pos] = json!({ "partition": partition, "offset": base + j as u64 });
         }
     }
     Ok(Json(json!({ "offsets": offsets })).into_response())
+}
+
+/// Records of a produce request, grouped by partition: (request positions, records).
+type PartitionBatches = BTreeMap<u32, (Vec<usize>, Vec<Record>)>;
+
+/// Refuses a request whose records for one partition make a batch over the topic's
+/// `max.message.bytes`, before anything is written. The leader checks each batch too, but a
+/// request spanning partitions would have the others written by then. A request for one
+/// partition is refused whole by its leader and is not encoded twice.
+fn check_partition_batches(s: &AppState, t: &TopicRecord, batches: &PartitionBatches) -> Result<(), ApiError> {
+    if batches.len() < 2 {
+        return Ok(());
+    }
+    let limit = t.log_config(&s.router.node.config().log).batch_bytes_max as usize;
+    for (partition, (_, records)) in batches {
+        if batch_bytes_bound(records) <= limit {
+            continue;
+        }
+        let bytes = logdex_log::encode_batch(records, logdex_log::Compression::None)
+            .map_err(|e| ApiError::bad("invalid_record", format!("partition {partition}: {e}")))?
+            .len();
+        if bytes > limit {
+            return Err(ApiError::TooLarge(format!(
+                "the records for partition {partition} make a batch of {bytes} bytes, over the topic's \
+                 max.message.bytes ({limit}); nothing was written"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// At least the encoded size of `records` as one batch: every varint at its widest (a
+/// record's length, timestamp and offset deltas, key and value lengths and header count: 36
+/// bytes, and 10 per header).
+fn batch_bytes_bound(records: &[Record]) -> usize {
+    let record = |r: &Record| {
+        let headers: usize = r.headers.iter().map(|h| 10 + h.key.len() + h.value.as_ref().map_or(0, Vec::len)).sum();
+        36 + r.key.as_ref().map_or(0, Vec::len) + r.value.as_ref().map_or(0, Vec::len) + headers
+    };
+    logdex_log::BATCH_HEADER_BYTES + records.iter().map(record).sum::<usize>()
+}
+
+/// When this node may not pass writes on (`forward=false`, or a forwarded request), answers
+/// 421 (or 503 for a forwarded request) before anything is written unless it leads every
+/// partition the records go to. The redirect names the leader when one node leads them all;
+/// otherwise no node can take the request whole, and the message says how to split it.
+async fn check_partitions_led_here(
+    s: &AppState,
+    t: &TopicRecord,
+    batches: &PartitionBatches,
+    hop: Hop,
+    uri: &Uri,
+) -> Result<(), ApiError> {
+    let me = s.router.node.node_id();
+    let mut elsewhere: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+    for partition in batches.keys() {
+        let record = &t.partitions[*partition as usize];
+        if s.router.local_leader(record.group_id).is_some() {
+            continue;
+        }
+        // A partition without a known leader is left to the write's own wait for one.
+        if let Some(leader) = s.router.find_leader(record).await.filter(|l| *l != me) {
+            elsewhere.entry(leader).or_default().push(*partition);
+        }
+    }
+    let Some((&first, led_there)) = elsewhere.iter().next() else { return Ok(()) };
+    let one_node_leads_all = elsewhere.len() == 1 && led_there.len() == batches.len();
+    let pq = path_and_query(uri);
+    let redirect = s.router.redirect(first, hop, Method::POST, &pq, &HeaderMap::new(), Bytes::new()).await;
+    match redirect {
+        Err(ApiError::Misdirected { redirect, .. }) if !one_node_leads_all => {
+            let leaders: Vec<String> = elsewhere
+                .iter()
+                .map(|(node, partitions)| format!("node {node} leads partitions {partitions:?}"))
+                .collect();
+            Err(ApiError::Misdirected {
+                message: format!(
+                    "node {me} cannot take these records whole and nothing was written: {}; send each \
+                     partition's records to its leader, or let the node forward them (forward=true)",
+                    leaders.join(", ")
+                ),
+                redirect,
+            })
+        }
+        Err(e) => Err(e),
+        Ok(_) => Err(ApiError::Internal("a write may not be forwarded here".into())),
+    }
 }
 
 // ---------------------------------------------------------------- reads

@@ -418,6 +418,90 @@ async fn batch_produce(cluster: &Cluster) -> Result<()> {
     base64_batch_round_trips(cluster, TOPIC).await
 }
 
+/// A batch produce that one of its partitions cannot take is refused whole, before anything
+/// is written: records making a batch over the topic's `max.message.bytes` for one partition
+/// (413), and, with `forward=false`, records for a partition another node leads (421; the
+/// redirect works when one node leads every partition of the batch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_produce_that_one_partition_cannot_take_writes_no_partition() -> Result<()> {
+    let cluster = Cluster::start(NODES).await?;
+    let outcome = batch_refused_whole(&cluster).await;
+    cluster.finish(outcome)
+}
+
+async fn batch_refused_whole(cluster: &Cluster) -> Result<()> {
+    const SMALL: &str = "small-batches";
+    let mut spec = TopicSpec::compacted(SMALL, 3, 3);
+    spec.config.insert("max.message.bytes".into(), json!("1000"));
+    cluster.api().create_topic(&cluster.url(1), &spec).await?.expect_status(201)?;
+    cluster.wait_for_leaders(SMALL, SETTLE_TIMEOUT).await?;
+    // Partition 0's record fits; partition 1's three 400-byte values together do not.
+    let big = "y".repeat(400);
+    let mut records = vec![json!({ "key": "a", "value": "x", "partition": 0 })];
+    for key in ["b", "c", "d"] {
+        records.push(json!({ "key": key, "value": big, "partition": 1 }));
+    }
+    for node in cluster.node_ids() {
+        let reply = cluster.api().produce(&cluster.url(node), SMALL, &json!({ "records": records })).await?;
+        reply.expect_error(413, "too_large")?;
+    }
+    expect_nothing_written_before(cluster, 1, SMALL, 3).await?;
+
+    const APART: &str = "led-apart";
+    let description = create_topic(cluster, APART, 3, 1).await?;
+    let leaders: Vec<u64> = (0..3)
+        .map(|p| description.partition(p)?.replicas.first().copied().ok_or_else(|| Error::Check("no replica".into())))
+        .collect::<Result<_>>()?;
+    let one_per_partition = json!({ "records": (0..3).map(|p| json!({ "key": format!("k{p}"), "value": "v", "partition": p })).collect::<Vec<_>>() });
+    for node in cluster.node_ids() {
+        let url = format!("{}/topics/{APART}/records?forward=false", cluster.url(node));
+        ensure!(!leaders.iter().all(|l| *l == node), "node {node} leads every partition of {APART}: {leaders:?}");
+        let reply = cluster.api().request(Method::POST, &url, Some(Body::Json(one_per_partition.clone()))).await?;
+        reply.expect_status(421)?;
+        reply.expect_error_shape()?;
+        ensure!(reply.header(HEADER_REDIRECT).is_some(), "421 without X-Kv-Redirect: {}", reply.summary());
+    }
+    expect_nothing_written_before(cluster, 1, APART, 3).await?;
+    // Records only for partitions one other node leads: its redirect takes them.
+    let (partition, leader) = (0u32, leaders[0]);
+    let Some(other) = cluster.node_ids().into_iter().find(|n| *n != leader) else {
+        return Err(Error::Check("no node other than the leader".into()));
+    };
+    let body = json!({ "records": [{ "key": "r", "value": "v", "partition": partition }] });
+    let url = format!("{}/topics/{APART}/records?forward=false", cluster.url(other));
+    let refused = cluster.api().request(Method::POST, &url, Some(Body::Json(body.clone()))).await?;
+    refused.expect_status(421)?;
+    let redirect = refused
+        .header(HEADER_REDIRECT)
+        .ok_or_else(|| Error::Check(format!("421 without X-Kv-Redirect: {}", refused.summary())))?;
+    let followed = cluster.api().request(Method::POST, redirect, Some(Body::Json(body))).await?;
+    followed.expect_status(200)?;
+    ensure_eq!(
+        followed.json()?["offsets"],
+        json!([{ "partition": partition, "offset": 1 }]),
+        "the redirected batch follows the one record per partition: {}",
+        followed.summary()
+    );
+    Ok(())
+}
+
+/// Writes one record to each of `partitions` through `node` and checks each lands at offset
+/// 0: nothing was written to any of them before.
+async fn expect_nothing_written_before(cluster: &Cluster, node: u64, topic: &str, partitions: u32) -> Result<()> {
+    let records: Vec<Value> =
+        (0..partitions).map(|p| json!({ "key": format!("probe-{p}"), "value": "p", "partition": p })).collect();
+    let reply = cluster.api().produce(&cluster.url(node), topic, &json!({ "records": records })).await?;
+    reply.expect_status(200)?;
+    let expected: Vec<Value> = (0..partitions).map(|p| json!({ "partition": p, "offset": 0 })).collect();
+    ensure_eq!(
+        reply.json()?["offsets"],
+        json!(expected),
+        "a refused batch left records in {topic}: {}",
+        reply.summary()
+    );
+    Ok(())
+}
+
 /// Fetch of `partition` from `first` returns exactly `written`, then a one-record page.
 async fn check_fetch(
     cluster: &Cluster,
@@ -520,7 +604,7 @@ async fn base64_batch_round_trips(cluster: &Cluster, topic: &str) -> Result<()> 
 /// Creating a topic that exists identically answers 200 with its description (from any node);
 /// a different spec under the same name answers 409; a replication factor above the node count
 /// answers 400; neither changes anything. A create naming only the topic gets one partition and
-/// three replicas.
+/// three replicas. A name that differs from an existing one only in '.' against '_' is 409.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn creating_a_topic_is_idempotent_defaults_to_three_replicas_and_rejects_conflicting_or_impossible_specs()
 -> Result<()> {
@@ -569,6 +653,12 @@ async fn topic_creation(cluster: &Cluster) -> Result<()> {
     replicas.sort_unstable();
     ensure_eq!(replicas, cluster.node_ids(), "replicas of a bare create");
     api.create_topic(&cluster.url(3), &TopicSpec::compacted("bare", 1, 3)).await?.expect_status(200)?;
+
+    // As in Kafka, a name differing from an existing one only in '.' against '_' collides.
+    api.create_topic(&cluster.url(1), &TopicSpec::compacted("a.b", 1, 3)).await?.expect_status(201)?;
+    let colliding = api.create_topic(&cluster.url(2), &TopicSpec::compacted("a_b", 1, 3)).await?;
+    colliding.expect_error(409, "conflict")?;
+    api.describe(&cluster.url(1), "a_b").await?.expect_error(404, "topic_not_found")?;
     Ok(())
 }
 

@@ -183,6 +183,15 @@ impl ClusterState {
                 result("conflict", format!("topic {} exists with different settings", c.name))
             };
         }
+        // As in Kafka, names that differ only in '.' against '_' collide (its metric names
+        // spell both as '_'): the second is refused.
+        let folded = |name: &str| name.replace('.', "_");
+        if let Some(other) = self.topics.keys().find(|other| folded(other) == folded(&c.name)) {
+            return result(
+                "conflict",
+                format!("topic name {} collides with the existing topic {other} ('.' and '_' collide)", c.name),
+            );
+        }
         if c.partitions == 0 || c.partitions > PARTITIONS_MAX {
             return result("invalid", format!("partitions must be 1..={PARTITIONS_MAX}"));
         }
@@ -581,6 +590,17 @@ mod tests {
         assert_eq!(create(&mut state, "t", 2, 1).status, "created");
         assert_eq!(create(&mut state, "t", 2, 1).status, "exists");
         assert_eq!(create(&mut state, "t", 3, 1).status, "conflict");
+    }
+
+    #[test]
+    fn topic_names_differing_only_in_dot_and_underscore_collide() {
+        let mut state = ClusterState::fresh();
+        register(&mut state, 1);
+        assert_eq!(create(&mut state, "a.b_c", 1, 1).status, "created");
+        assert_eq!(create(&mut state, "a_b.c", 1, 1).status, "conflict");
+        assert_eq!(create(&mut state, "a_b_c", 1, 1).status, "conflict");
+        assert_eq!(create(&mut state, "a-b-c", 1, 1).status, "created");
+        assert_eq!(state.topics.len(), 2);
     }
 
     #[test]
