@@ -335,6 +335,10 @@ async fn move_partition(
         })),
     };
     let result = s.router.node.controller_write(cmd, false).await?;
+    if result.status == "invalid" {
+        // What a move can get wrong is its list of nodes.
+        return Err(ApiError::bad("invalid_replicas", result.message));
+    }
     if let Some(e) = controller_error(&result) {
         return Err(e);
     }
@@ -1078,7 +1082,12 @@ async fn metrics(State(s): State<AppState>) -> Response {
         ("logdex_partition_remote_bytes", "gauge", "Bytes of segments in tiered storage.", |g| {
             g.partition.tier_manifest().size_bytes()
         }),
-        ("logdex_partition_index_keys", "gauge", "Approximate keys in the index.", |g| g.partition.index_keys()),
+        (
+            "logdex_partition_index_keys",
+            "gauge",
+            "Keys written to the replica's index minus keys deleted: an upper bound of its live keys (an overwrite, or a re-apply after a crash, counts again).",
+            |g| g.partition.index_keys(),
+        ),
         ("logdex_partition_compactions_total", "counter", "Compaction passes.", |g| {
             g.partition.counters.compactions.load(Relaxed)
         }),

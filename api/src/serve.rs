@@ -112,8 +112,16 @@ pub struct ServeArgs {
     /// compaction threads run beside them).
     #[arg(long, env = "LOGDEX_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
-    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `logdex_raft=debug`.
-    #[arg(long, env = "LOGDEX_LOG", default_value = "info,openraft=error")]
+    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `logdex_raft=debug`. The default
+    /// keeps openraft's errors but not those of its request path (`raft_inner`,
+    /// `stream_append`), which only repeat that a replica's Raft core has stopped, as it does
+    /// when a topic is deleted, a replica moves away or the node shuts down (openraft logs a
+    /// core that stops on an error itself, under `openraft::core`).
+    #[arg(
+        long,
+        env = "LOGDEX_LOG",
+        default_value = "info,openraft=error,openraft::raft::raft_inner=off,openraft::raft::stream_append=off"
+    )]
     pub log: String,
 }
 

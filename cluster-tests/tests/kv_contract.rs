@@ -604,7 +604,8 @@ async fn base64_batch_round_trips(cluster: &Cluster, topic: &str) -> Result<()> 
 /// Creating a topic that exists identically answers 200 with its description (from any node);
 /// a different spec under the same name answers 409; a replication factor above the node count
 /// answers 400; neither changes anything. A create naming only the topic gets one partition and
-/// three replicas. A name that differs from an existing one only in '.' against '_' is 409.
+/// three replicas. A name that differs from an existing one only in '.' against '_' is 409, and
+/// a move to a node list that is empty, repeats a node or names an unknown one is 400.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn creating_a_topic_is_idempotent_defaults_to_three_replicas_and_rejects_conflicting_or_impossible_specs()
 -> Result<()> {
@@ -659,6 +660,13 @@ async fn topic_creation(cluster: &Cluster) -> Result<()> {
     let colliding = api.create_topic(&cluster.url(2), &TopicSpec::compacted("a_b", 1, 3)).await?;
     colliding.expect_error(409, "conflict")?;
     api.describe(&cluster.url(1), "a_b").await?.expect_error(404, "topic_not_found")?;
+
+    // A move naming a node that is not registered, a node twice, or no node is 400.
+    let url = format!("{}/topics/admin/partitions/0/replicas", cluster.url(1));
+    for replicas in [json!([1, 2, 9]), json!([1, 1, 2]), json!([])] {
+        let reply = api.request(Method::PUT, &url, Some(Body::Json(json!({ "replicas": replicas })))).await?;
+        reply.expect_error(400, "invalid_replicas")?;
+    }
     Ok(())
 }
 

@@ -991,7 +991,8 @@ impl Partition {
         self.unless_installing(|| self.log.read().map(|l| l.segments().len()).unwrap_or(0))
     }
 
-    /// Approximate number of live keys in this replica's index.
+    /// Keys written to this replica's index minus keys deleted: an upper bound of its live
+    /// keys, since an overwrite (or a re-apply after a crash) counts again.
     pub fn index_keys(&self) -> u64 {
         self.index.key_count_estimate(self.replica).unwrap_or(0)
     }
