@@ -109,9 +109,9 @@ impl From<logdex_raft::Error> for ApiError {
             E::Timeout(m) => ApiError::Timeout(m),
             E::NotFound(m) => ApiError::NotFound(m),
             E::Conflict(m) => ApiError::Conflict(m),
-            E::NotLeader { .. } | E::NotHosted { .. } | E::Unavailable(_) | E::TierMiss { .. } => {
-                ApiError::Unavailable(e.to_string())
-            }
+            // The code says "unavailable" already: the message does not repeat it.
+            E::Unavailable(m) => ApiError::Unavailable(m),
+            E::NotLeader { .. } | E::NotHosted { .. } | E::TierMiss { .. } => ApiError::Unavailable(e.to_string()),
             other => ApiError::Internal(other.to_string()),
         }
     }

@@ -47,9 +47,12 @@ pub struct Service {
     state: AppState,
 }
 
-/// The client gRPC API over `app`, the HTTP router built on `state`.
+/// The client gRPC API over `app`, the HTTP router built on `state`. A message may be up to
+/// twice the HTTP body limit, so a value or batch over the limits gets the same
+/// `too_large` answer as over HTTP; a longer one is refused by the transport (`OUT_OF_RANGE`).
 pub fn server(app: axum::Router, state: AppState) -> LogdexServer<Service> {
-    LogdexServer::new(Service { app, state })
+    let message_bytes_max = state.limits.body_bytes_max.saturating_mul(2);
+    LogdexServer::new(Service { app, state }).max_decoding_message_size(message_bytes_max)
 }
 
 fn b64url(bytes: &[u8]) -> String {
@@ -66,11 +69,17 @@ fn unb64(text: &str) -> Result<Vec<u8>, Status> {
         .map_err(|e| Status::internal(format!("undecodable answer: {e}")))
 }
 
-fn read_mode(mode: i32) -> ReadMode {
+/// The read mode a request names; a value the proto does not define is refused, as HTTP
+/// refuses an unknown `read=`.
+fn read_mode(mode: i32) -> Result<ReadMode, Status> {
     match pb::ReadMode::try_from(mode) {
-        Ok(pb::ReadMode::Strict) => ReadMode::Strict,
-        Ok(pb::ReadMode::Follower) => ReadMode::Follower,
-        _ => ReadMode::Linearizable,
+        Ok(pb::ReadMode::Linearizable) => Ok(ReadMode::Linearizable),
+        Ok(pb::ReadMode::Strict) => Ok(ReadMode::Strict),
+        Ok(pb::ReadMode::Follower) => Ok(ReadMode::Follower),
+        Err(_) => Err(status_of_error(&ApiError::bad(
+            "invalid_read_mode",
+            format!("read mode {mode} is none of linearizable (0), strict (1), follower (2)"),
+        ))),
     }
 }
 
@@ -126,6 +135,13 @@ fn status_with(code: StatusCode, error_code: &str, message: &str, redirect: Opti
     status
 }
 
+/// The name of an existing topic, or the `topic_not_found` HTTP answers. Only an existing
+/// topic's name (letters, digits, '.', '_', '-') goes into the path of an in-process
+/// request, so no name can reach another route, key or query.
+fn existing_topic<'a>(state: &AppState, topic: &'a str) -> Result<&'a str, Status> {
+    crate::http::topic(state, topic).map(|_| topic).map_err(|e| status_of_error(&e))
+}
+
 struct Answer {
     status: StatusCode,
     headers: axum::http::HeaderMap,
@@ -157,6 +173,14 @@ impl Service {
         value: Vec<u8>,
         auth: Option<String>,
     ) -> Result<Response<pb::WriteResponse>, Status> {
+        let topic = existing_topic(&self.state, topic)?;
+        // The key's bound is checked here, before it is encoded into a URI (which has a
+        // bound of its own), with the answer HTTP gives.
+        let key_bytes_max = self.state.limits.key_bytes_max;
+        if key.len() > key_bytes_max {
+            let e = ApiError::TooLarge(format!("key of {} bytes exceeds {key_bytes_max}", key.len()));
+            return Err(status_of_error(&e));
+        }
         let mut uri = format!("/kv/{topic}/{}?key_encoding=base64url", b64url(key));
         if let Some(p) = partition {
             uri.push_str(&format!("&partition={p}"));
@@ -178,8 +202,9 @@ impl Service {
         r: pb::GetRequest,
         auth: Option<String>,
     ) -> Result<Response<pb::GetResponse>, Status> {
-        let mode = read_mode_name(read_mode(r.read));
-        let mut uri = format!("/kv/{}/{}?key_encoding=base64url&read={mode}", r.topic, b64url(&r.key));
+        let mode = read_mode_name(read_mode(r.read)?);
+        let topic = existing_topic(&self.state, &r.topic)?;
+        let mut uri = format!("/kv/{topic}/{}?key_encoding=base64url&read={mode}", b64url(&r.key));
         if let Some(p) = r.partition {
             uri.push_str(&format!("&partition={p}"));
         }
@@ -231,13 +256,14 @@ impl Logdex for Service {
         let auth = authorization(&request);
         let client = request.remote_addr().map(|a| a.ip());
         let r = request.into_inner();
+        let mode = read_mode(r.read)?;
         let s = &self.state;
         let looked_up = async {
             let _slot = s.guard.admit_lookup(auth.as_deref(), client)?;
             let request = LookupRequest {
                 topic: crate::http::topic(s, &r.topic)?,
                 key: &r.key,
-                mode: read_mode(r.read),
+                mode,
                 partition: r.partition,
                 min_offset: r.min_offset,
                 hop: Hop { forwarded: false, forward: s.forward_default },
@@ -275,6 +301,7 @@ impl Logdex for Service {
     async fn produce(&self, request: Request<pb::ProduceRequest>) -> Result<Response<pb::ProduceResponse>, Status> {
         let auth = authorization(&request);
         let r = request.into_inner();
+        let topic = existing_topic(&self.state, &r.topic)?;
         let records: Vec<Value> = r
             .records
             .iter()
@@ -291,7 +318,7 @@ impl Logdex for Service {
             .collect();
         let body = serde_json::to_vec(&json!({ "records": records, "encoding": "base64" }))
             .map_err(|e| Status::internal(e.to_string()))?;
-        let a = self.call("POST", format!("/topics/{}/records", r.topic), body, auth).await?;
+        let a = self.call("POST", format!("/topics/{topic}/records"), body, auth).await?;
         if !a.status.is_success() {
             return Err(status_of(a.status, &a.body, &a.headers));
         }
@@ -313,14 +340,14 @@ impl Logdex for Service {
     async fn fetch(&self, request: Request<pb::FetchRequest>) -> Result<Response<pb::FetchResponse>, Status> {
         let auth = authorization(&request);
         let r = request.into_inner();
+        let topic = existing_topic(&self.state, &r.topic)?;
+        let mode = read_mode_name(read_mode(r.read)?);
+        // proto3 cannot tell 0 from unset: 0 asks for the defaults.
         let max_records = if r.max_records == 0 { 500 } else { r.max_records };
         let max_bytes = if r.max_bytes == 0 { 1024 * 1024 } else { r.max_bytes };
         let uri = format!(
-            "/topics/{}/partitions/{}/records?offset={}&max_records={max_records}&max_bytes={max_bytes}&read={}",
-            r.topic,
-            r.partition,
-            r.offset,
-            read_mode_name(read_mode(r.read))
+            "/topics/{topic}/partitions/{}/records?offset={}&max_records={max_records}&max_bytes={max_bytes}&read={mode}",
+            r.partition, r.offset,
         );
         let a = self.call("GET", uri, Vec::new(), auth).await?;
         if !a.status.is_success() {

@@ -87,6 +87,69 @@ async fn grpc_produce_then_fetch_returns_records_in_order() -> TestResult {
     Ok(())
 }
 
+/// Bad input gets the answer HTTP gives, and a topic name that is no topic reaches no other
+/// topic, key, partition or route: not found, before anything is written or read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_bad_topic_names_read_modes_and_sizes_are_refused_and_touch_nothing() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let node = single_node(dir.path()).await?;
+    let mut client = LogdexClient::connect(format!("http://{}", node.rpc_addr)).await?;
+    let put = |topic: &str, key: &[u8], value: Vec<u8>| pb::PutRequest {
+        topic: topic.into(),
+        key: key.to_vec(),
+        value,
+        partition: None,
+    };
+    client.put(put("t", b"bob", b"kept".to_vec())).await?;
+    let expect =
+        |result: Result<tonic::Response<pb::WriteResponse>, tonic::Status>, code: tonic::Code, prefix: &str| {
+            let status = result.err().ok_or("a bad request succeeded")?;
+            assert_eq!(status.code(), code, "{status:?}");
+            assert!(status.message().starts_with(prefix), "{status:?}");
+            TestResult::Ok(())
+        };
+    for topic in ["t/bob?", "t/forced?partition=1&", "t#frag", "bad name!", "a/b"] {
+        expect(client.put(put(topic, b"zzz", b"injected".to_vec())).await, tonic::Code::NotFound, "topic_not_found")?;
+        let deleted = client.delete(pb::DeleteRequest { topic: topic.into(), key: b"zzz".to_vec(), partition: None });
+        expect(deleted.await, tonic::Code::NotFound, "topic_not_found")?;
+        let fetched = client
+            .fetch(pb::FetchRequest {
+                topic: topic.into(),
+                partition: 0,
+                offset: 0,
+                max_records: 1,
+                max_bytes: 0,
+                read: 0,
+            })
+            .await;
+        assert_eq!(fetched.err().map(|s| s.code()), Some(tonic::Code::NotFound), "fetch of topic {topic:?}");
+        let produced = client.produce(pb::ProduceRequest { topic: topic.into(), records: Vec::new() }).await;
+        assert_eq!(produced.err().map(|s| s.code()), Some(tonic::Code::NotFound), "produce to topic {topic:?}");
+    }
+    let bob = client.get(get_request("t", b"bob")).await?.into_inner();
+    assert_eq!((bob.found, bob.value.as_slice()), (true, &b"kept"[..]), "a bad topic name reached key bob");
+    for key in [&b"zzz"[..], b"injected", b"forced"] {
+        assert!(!client.get(get_request("t", key)).await?.into_inner().found, "key {key:?} was written");
+    }
+
+    for read in [3, 99, -1] {
+        let got = client.get(pb::GetRequest { read, ..get_request("t", b"bob") }).await;
+        let status = got.err().ok_or("an unknown read mode was served")?;
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(status.message().starts_with("invalid_read_mode"), "{status:?}");
+        let fetched = client
+            .fetch(pb::FetchRequest { topic: "t".into(), partition: 0, offset: 0, max_records: 1, max_bytes: 0, read })
+            .await;
+        assert_eq!(fetched.err().map(|s| s.code()), Some(tonic::Code::InvalidArgument), "fetch with read {read}");
+    }
+
+    // A key far over its bound (and over a URI's) and a value over the body limit: too_large.
+    expect(client.put(put("t", &vec![b'k'; 60_000], b"v".to_vec())).await, tonic::Code::InvalidArgument, "too_large")?;
+    expect(client.put(put("t", b"big", vec![7; 10 << 20])).await, tonic::Code::InvalidArgument, "too_large")?;
+    node.shutdown().await;
+    Ok(())
+}
+
 fn get_request(topic: &str, key: &[u8]) -> pb::GetRequest {
     pb::GetRequest { topic: topic.into(), key: key.to_vec(), read: 0, partition: None, min_offset: None }
 }
