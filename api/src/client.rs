@@ -87,7 +87,7 @@ impl Client {
     }
 }
 
-/// Percent-encodes a key for the URL path (unreserved bytes stay).
+/// Percent-encodes a key or topic name as one URL path segment (unreserved bytes stay).
 pub fn encode_key(key: &[u8]) -> String {
     let mut out = String::with_capacity(key.len());
     for &b in key {
@@ -171,19 +171,21 @@ pub async fn run(command: Command) -> Result<(), String> {
                 value.into_bytes()
             };
             let c = Client::new(&target)?;
-            let path = format!("/kv/{topic}/{}", encode_key(key.as_bytes()));
+            let path = format!("/kv/{}/{}", encode_key(topic.as_bytes()), encode_key(key.as_bytes()));
             let a = c.send(reqwest::Method::PUT, &path, Some(value)).await?.ok()?;
             written(&a, target.json)
         }
         Command::Del { topic, key, target } => {
             let c = Client::new(&target)?;
-            let path = format!("/kv/{topic}/{}", encode_key(key.as_bytes()));
+            let path = format!("/kv/{}/{}", encode_key(topic.as_bytes()), encode_key(key.as_bytes()));
             let a = c.send(reqwest::Method::DELETE, &path, None).await?.ok()?;
             written(&a, target.json)
         }
         Command::Get { topic, key, read, verbose, target } => {
             let c = Client::new(&target)?;
-            let a = c.get(&format!("/kv/{topic}/{}?read={read}", encode_key(key.as_bytes()))).await?;
+            let a = c
+                .get(&format!("/kv/{}/{}?read={read}", encode_key(topic.as_bytes()), encode_key(key.as_bytes())))
+                .await?;
             if verbose {
                 for name in ["x-kv-partition", "x-kv-offset", "x-kv-high-watermark", "x-kv-node", "x-kv-timestamp"] {
                     if let Some(v) = a.headers.get(name).and_then(|v| v.to_str().ok()) {
@@ -205,7 +207,7 @@ pub async fn run(command: Command) -> Result<(), String> {
         }
         Command::Move { topic, partition, nodes, target } => {
             let c = Client::new(&target)?;
-            let path = format!("/topics/{topic}/partitions/{partition}/replicas");
+            let path = format!("/topics/{}/partitions/{partition}/replicas", encode_key(topic.as_bytes()));
             let v = c.json_call(reqwest::Method::PUT, &path, &json!({ "replicas": nodes })).await?.ok()?.json()?;
             if target.json {
                 print_json(&v)
@@ -274,9 +276,12 @@ async fn topic(command: TopicCommand, target: &Target) -> Result<(), String> {
             }
             return Ok(());
         }
-        TopicCommand::Describe { name } => c.get(&format!("/topics/{name}")).await?.ok()?.json()?,
+        TopicCommand::Describe { name } => {
+            c.get(&format!("/topics/{}", encode_key(name.as_bytes()))).await?.ok()?.json()?
+        }
         TopicCommand::Delete { name } => {
-            let v = c.send(reqwest::Method::DELETE, &format!("/topics/{name}"), None).await?.ok()?.json()?;
+            let path = format!("/topics/{}", encode_key(name.as_bytes()));
+            let v = c.send(reqwest::Method::DELETE, &path, None).await?.ok()?.json()?;
             if target.json {
                 print_json(&v)
             } else {
@@ -287,10 +292,14 @@ async fn topic(command: TopicCommand, target: &Target) -> Result<(), String> {
         TopicCommand::Alter { name, config } => {
             let config: serde_json::Map<String, Value> =
                 config.into_iter().map(|(k, v)| (k, Value::String(v))).collect();
-            c.json_call(reqwest::Method::POST, &format!("/topics/{name}/config"), &json!({ "config": config }))
-                .await?
-                .ok()?
-                .json()?
+            c.json_call(
+                reqwest::Method::POST,
+                &format!("/topics/{}/config", encode_key(name.as_bytes())),
+                &json!({ "config": config }),
+            )
+            .await?
+            .ok()?
+            .json()?
         }
     };
     if target.json {
@@ -321,7 +330,7 @@ async fn produce(topic: &str, batch: usize, target: &Target) -> Result<(), Strin
             break;
         }
         let n = records.len() as u64;
-        let path = format!("/topics/{topic}/records");
+        let path = format!("/topics/{}/records", encode_key(topic.as_bytes()));
         c.json_call(reqwest::Method::POST, &path, &json!({ "records": records })).await?.ok()?;
         total += n;
         if progress {
@@ -351,7 +360,10 @@ async fn consume(
         if want == 0 {
             return Ok(());
         }
-        let path = format!("/topics/{topic}/partitions/{partition}/records?offset={offset}&max_records={want}");
+        let path = format!(
+            "/topics/{}/partitions/{partition}/records?offset={offset}&max_records={want}",
+            encode_key(topic.as_bytes())
+        );
         let v = c.get(&path).await?.ok()?.json()?;
         let records = v["records"].as_array().cloned().unwrap_or_default();
         for r in &records {
