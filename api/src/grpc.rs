@@ -135,11 +135,14 @@ fn status_with(code: StatusCode, error_code: &str, message: &str, redirect: Opti
     status
 }
 
-/// The name of an existing topic, or the `topic_not_found` HTTP answers. Only an existing
-/// topic's name (letters, digits, '.', '_', '-') goes into the path of an in-process
-/// request, so no name can reach another route, key or query.
-fn existing_topic<'a>(state: &AppState, topic: &'a str) -> Result<&'a str, Status> {
-    crate::http::topic(state, topic).map(|_| topic).map_err(|e| status_of_error(&e))
+/// `topic` when it can name a topic (Kafka's rules: letters, digits, '.', '_', '-'), else the
+/// `topic_not_found` HTTP answers for a name no topic has. Only such a name goes into the path
+/// of an in-process request, so no name can reach another route, key or query. Whether the
+/// topic exists is the router's answer, after its authentication.
+fn topic_segment(topic: &str) -> Result<&str, Status> {
+    logdex_raft::controller::validate_topic_name(topic)
+        .map(|()| topic)
+        .map_err(|_| status_of_error(&ApiError::TopicNotFound(topic.to_string())))
 }
 
 struct Answer {
@@ -173,7 +176,7 @@ impl Service {
         value: Vec<u8>,
         auth: Option<String>,
     ) -> Result<Response<pb::WriteResponse>, Status> {
-        let topic = existing_topic(&self.state, topic)?;
+        let topic = topic_segment(topic)?;
         // The key's bound is checked here, before it is encoded into a URI (which has a
         // bound of its own), with the answer HTTP gives.
         let key_bytes_max = self.state.limits.key_bytes_max;
@@ -203,7 +206,7 @@ impl Service {
         auth: Option<String>,
     ) -> Result<Response<pb::GetResponse>, Status> {
         let mode = read_mode_name(read_mode(r.read)?);
-        let topic = existing_topic(&self.state, &r.topic)?;
+        let topic = topic_segment(&r.topic)?;
         let mut uri = format!("/kv/{topic}/{}?key_encoding=base64url&read={mode}", b64url(&r.key));
         if let Some(p) = r.partition {
             uri.push_str(&format!("&partition={p}"));
@@ -301,7 +304,7 @@ impl Logdex for Service {
     async fn produce(&self, request: Request<pb::ProduceRequest>) -> Result<Response<pb::ProduceResponse>, Status> {
         let auth = authorization(&request);
         let r = request.into_inner();
-        let topic = existing_topic(&self.state, &r.topic)?;
+        let topic = topic_segment(&r.topic)?;
         let records: Vec<Value> = r
             .records
             .iter()
@@ -340,7 +343,7 @@ impl Logdex for Service {
     async fn fetch(&self, request: Request<pb::FetchRequest>) -> Result<Response<pb::FetchResponse>, Status> {
         let auth = authorization(&request);
         let r = request.into_inner();
-        let topic = existing_topic(&self.state, &r.topic)?;
+        let topic = topic_segment(&r.topic)?;
         let mode = read_mode_name(read_mode(r.read)?);
         // proto3 cannot tell 0 from unset: 0 asks for the defaults.
         let max_records = if r.max_records == 0 { 500 } else { r.max_records };
