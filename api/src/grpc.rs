@@ -152,6 +152,25 @@ struct Answer {
 }
 
 impl Service {
+    /// Adds `x-kv-redirect-rpc` beside an `x-kv-redirect`: the address where the node that
+    /// URL names serves this API, for a gRPC client to call it directly.
+    fn with_rpc_redirect(&self, mut status: Status) -> Status {
+        let authority = status
+            .metadata()
+            .get("x-kv-redirect")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|url| url.parse::<axum::http::Uri>().ok())
+            .and_then(|uri| uri.authority().map(|a| a.as_str().to_string()));
+        let rpc_addr = authority.and_then(|authority| {
+            let cluster = self.state.router.node.cluster();
+            cluster.nodes.values().find(|n| n.http_addr == authority).map(|n| n.rpc_addr.clone())
+        });
+        if let Some(Ok(v)) = rpc_addr.map(|a| a.parse()) {
+            status.metadata_mut().insert("x-kv-redirect-rpc", v);
+        }
+        status
+    }
+
     async fn call(&self, method: &str, uri: String, body: Vec<u8>, auth: Option<String>) -> Result<Answer, Status> {
         let mut builder = HttpRequest::builder().method(method).uri(uri).header("content-type", "application/json");
         if let Some(a) = auth {
@@ -190,7 +209,7 @@ impl Service {
         }
         let a = self.call(method, uri, value, auth).await?;
         if !a.status.is_success() {
-            return Err(status_of(a.status, &a.body, &a.headers));
+            return Err(self.with_rpc_redirect(status_of(a.status, &a.body, &a.headers)));
         }
         let v: Value = serde_json::from_slice(&a.body).map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(pb::WriteResponse {
@@ -218,7 +237,7 @@ impl Service {
         let found = a.status == StatusCode::OK;
         let key_not_found = a.status == StatusCode::NOT_FOUND && a.headers.contains_key("x-kv-partition");
         if !found && !key_not_found {
-            return Err(status_of(a.status, &a.body, &a.headers));
+            return Err(self.with_rpc_redirect(status_of(a.status, &a.body, &a.headers)));
         }
         Ok(Response::new(pb::GetResponse {
             found,
@@ -298,7 +317,7 @@ impl Logdex for Service {
             Err(e) => e.status(),
         };
         s.guard.metrics.observe(&Method::GET, LOOKUP_ROUTE, status, started.elapsed());
-        answer.map(Response::new).map_err(|e| status_of_error(&e))
+        answer.map(Response::new).map_err(|e| self.with_rpc_redirect(status_of_error(&e)))
     }
 
     async fn produce(&self, request: Request<pb::ProduceRequest>) -> Result<Response<pb::ProduceResponse>, Status> {
@@ -323,7 +342,7 @@ impl Logdex for Service {
             .map_err(|e| Status::internal(e.to_string()))?;
         let a = self.call("POST", format!("/topics/{topic}/records"), body, auth).await?;
         if !a.status.is_success() {
-            return Err(status_of(a.status, &a.body, &a.headers));
+            return Err(self.with_rpc_redirect(status_of(a.status, &a.body, &a.headers)));
         }
         let v: Value = serde_json::from_slice(&a.body).map_err(|e| Status::internal(e.to_string()))?;
         let offsets = v["offsets"]
@@ -354,7 +373,7 @@ impl Logdex for Service {
         );
         let a = self.call("GET", uri, Vec::new(), auth).await?;
         if !a.status.is_success() {
-            return Err(status_of(a.status, &a.body, &a.headers));
+            return Err(self.with_rpc_redirect(status_of(a.status, &a.body, &a.headers)));
         }
         let v: Value = serde_json::from_slice(&a.body).map_err(|e| Status::internal(e.to_string()))?;
         let base64 = v["encoding"].as_str() == Some("base64");

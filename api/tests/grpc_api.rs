@@ -268,6 +268,14 @@ async fn grpc_get_of_a_partition_hosted_elsewhere_is_forwarded_or_redirected() -
     assert!(status.message().starts_with("misdirected"), "{}", status.message());
     let redirect = status.metadata().get("x-kv-redirect").ok_or("no x-kv-redirect")?.to_str()?.to_string();
     assert!(redirect.starts_with(&url_1), "{redirect} is not on node 1 ({url_1})");
+    let rpc = status.metadata().get("x-kv-redirect-rpc").ok_or("no x-kv-redirect-rpc")?.to_str()?;
+    assert_eq!(rpc, node_1.rpc_addr.to_string(), "x-kv-redirect-rpc of a Get that node 1 serves");
+    // A write through the router gets the same pair.
+    let put = pb::PutRequest { topic: "t".into(), key: b"one".to_vec(), value: b"x".to_vec(), partition: Some(on_1) };
+    let refused = client_2.put(put).await.err().ok_or("node 2 took a write for a partition it does not hold")?;
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    let rpc = refused.metadata().get("x-kv-redirect-rpc").ok_or("no x-kv-redirect-rpc on a put")?.to_str()?;
+    assert_eq!(rpc, node_1.rpc_addr.to_string(), "x-kv-redirect-rpc of a Put that node 1 takes");
     let here = client_2.get(pb::GetRequest { partition: Some(on_2), ..get_request("t", b"two") }).await?;
     assert_eq!(here.get_ref().node, 2);
     drop((client_1, client_2));
