@@ -621,7 +621,7 @@ async fn produce_records(
     let n = t.partitions.len() as u32;
     let now = now_ms();
     // Partition -> (request positions, records), validated before anything is written.
-    let mut per_partition: BTreeMap<u32, (Vec<usize>, Vec<Record>)> = BTreeMap::new();
+    let mut per_partition = PartitionBatches::new();
     for (i, r) in req.records.into_iter().enumerate() {
         let key = r.key.map(|k| decode_field(k, base64, i, "key")).transpose()?;
         let value = r.value.map(|v| decode_field(v, base64, i, "value")).transpose()?;
