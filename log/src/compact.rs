@@ -43,6 +43,9 @@ pub struct CompactStats {
     /// Total size of the sealed segments examined, before and after.
     pub bytes_before: u64,
     pub bytes_after: u64,
+    /// The timestamp of the oldest tombstone the pass kept because it was newer than the
+    /// horizon: a later pass with a horizon past it removes it even if nothing else changed.
+    pub oldest_tombstone_kept_ms: Option<i64>,
 }
 
 impl std::ops::AddAssign for CompactStats {
@@ -51,6 +54,10 @@ impl std::ops::AddAssign for CompactStats {
         self.records_removed += other.records_removed;
         self.bytes_before += other.bytes_before;
         self.bytes_after += other.bytes_after;
+        self.oldest_tombstone_kept_ms = match (self.oldest_tombstone_kept_ms, other.oldest_tombstone_kept_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
     }
 }
 
@@ -58,6 +65,7 @@ impl std::ops::AddAssign for CompactStats {
 struct Policy<'l> {
     live: &'l mut dyn FnMut(&[u8], Offset) -> bool,
     tombstone_horizon_ms: i64,
+    oldest_tombstone_kept_ms: Option<i64>,
 }
 
 enum Outcome {
@@ -89,6 +97,8 @@ pub struct Compacted {
     /// What stopped the rewrite (a damaged batch, a failed write): reported once the
     /// segments rewritten before it are installed.
     pub(crate) error: Option<Error>,
+    /// The oldest tombstone the rewrite kept (see [`CompactStats::oldest_tombstone_kept_ms`]).
+    pub(crate) oldest_tombstone_kept_ms: Option<i64>,
 }
 
 /// (device, inode) of a segment file.
@@ -107,7 +117,7 @@ impl CompactionPlan {
     /// Writes `B.log.cleaned` for every segment that loses records and opens it. Stops at
     /// the first error, keeping what was rewritten before it.
     pub fn rewrite(self, live: &mut dyn FnMut(&[u8], Offset) -> bool, tombstone_horizon_ms: i64) -> Compacted {
-        let mut policy = Policy { live, tombstone_horizon_ms };
+        let mut policy = Policy { live, tombstone_horizon_ms, oldest_tombstone_kept_ms: None };
         let mut rewrites = Vec::with_capacity(self.segments.len());
         let mut error = None;
         for (view, file_id) in &self.segments {
@@ -133,7 +143,8 @@ impl CompactionPlan {
                 }
             }
         }
-        Compacted { log_id: self.log_id, dir: self.dir, rewrites, error }
+        let oldest_tombstone_kept_ms = policy.oldest_tombstone_kept_ms;
+        Compacted { log_id: self.log_id, dir: self.dir, rewrites, error, oldest_tombstone_kept_ms }
     }
 }
 
@@ -141,15 +152,25 @@ impl Compacted {
     /// One part per rewritten segment, in order (the error, if any, with the last part), so
     /// that a caller sharing the log can install them one at a time and let appends and
     /// reads in between.
+    /// The first part carries the oldest tombstone kept.
     pub fn into_parts(self) -> Vec<Compacted> {
-        let Compacted { log_id, dir, rewrites, error } = self;
+        let Compacted { log_id, dir, rewrites, error, oldest_tombstone_kept_ms } = self;
         let mut parts: Vec<Compacted> = rewrites
             .into_iter()
-            .map(|r| Compacted { log_id, dir: dir.clone(), rewrites: vec![r], error: None })
+            .map(|r| Compacted {
+                log_id,
+                dir: dir.clone(),
+                rewrites: vec![r],
+                error: None,
+                oldest_tombstone_kept_ms: None,
+            })
             .collect();
         match parts.last_mut() {
             Some(last) => last.error = error,
-            None => parts.push(Compacted { log_id, dir, rewrites: Vec::new(), error }),
+            None => parts.push(Compacted { log_id, dir, rewrites: Vec::new(), error, oldest_tombstone_kept_ms: None }),
+        }
+        if let Some(first) = parts.first_mut() {
+            first.oldest_tombstone_kept_ms = oldest_tombstone_kept_ms;
         }
         parts
     }
@@ -291,7 +312,15 @@ impl Policy<'_> {
     fn keeps(&mut self, record: &Record, offset: Offset) -> bool {
         match (&record.key, &record.value) {
             (None, _) => true,
-            (Some(_), None) => record.timestamp_ms >= self.tombstone_horizon_ms,
+            (Some(_), None) => {
+                let kept = record.timestamp_ms >= self.tombstone_horizon_ms;
+                if kept {
+                    let oldest =
+                        self.oldest_tombstone_kept_ms.map_or(record.timestamp_ms, |t| t.min(record.timestamp_ms));
+                    self.oldest_tombstone_kept_ms = Some(oldest);
+                }
+                kept
+            }
             (Some(key), Some(_)) => (self.live)(key, offset),
         }
     }

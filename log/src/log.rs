@@ -351,36 +351,43 @@ impl Log {
         ScanIter::new(cursor, from)
     }
 
-    /// Deletes sealed segments, oldest first, while the oldest is older than
-    /// `retention_ms` (its max timestamp) or the log without it is still at
-    /// least `retention_bytes`. Never deletes the active segment. Returns
-    /// the new start offset.
+    /// Deletes segments, oldest first, while the oldest is older than `retention_ms` (its
+    /// max timestamp) or the log without it is still at least `retention_bytes`. As in
+    /// Kafka, that includes the active segment once all of it is past retention: it is
+    /// rolled first and the log is left empty, starting at its next offset. Returns the new
+    /// start offset.
     pub fn apply_retention(&mut self, now_ms: u64) -> Result<Offset> {
         let cut = self.retention_cut(now_ms);
         self.delete_before(cut)
     }
 
     /// The start offset [`Log::apply_retention`] would leave, without deleting anything:
-    /// the base offset of the oldest segment retention keeps.
+    /// the base offset of the oldest segment retention keeps, or the next offset when it
+    /// keeps none.
     pub fn retention_cut(&self, now_ms: u64) -> Offset {
         let mut size = self.size_bytes();
         let mut cut = self.start_offset();
-        for pair in self.segments.windows(2) {
-            if !self.retention_due(&pair[0], size, now_ms) {
+        for (i, segment) in self.segments.iter().enumerate() {
+            let next = self.segments.get(i + 1);
+            if (next.is_none() && segment.is_empty()) || !self.retention_due(segment, size, now_ms) {
                 break;
             }
-            size -= pair[0].size_bytes();
-            cut = pair[1].base_offset;
+            size -= segment.size_bytes();
+            cut = next.map_or_else(|| self.next_offset(), |n| n.base_offset);
         }
         cut
     }
 
-    /// Deletes the oldest segments that end at or before `offset` (a segment
-    /// ends where the next begins; the active segment is never deleted).
-    /// Returns the new start offset.
+    /// Deletes the oldest segments that end at or before `offset` (a segment ends where the
+    /// next begins, the active one at the next offset). A non-empty active segment that
+    /// ends at or before it is rolled first, so the log is never without a segment: it is
+    /// then empty, starting at its next offset. Returns the new start offset.
     pub fn delete_before(&mut self, offset: Offset) -> Result<Offset> {
         if self.poisoned {
             return Err(Error::Poisoned);
+        }
+        if !self.active().is_empty() && self.next_offset() <= offset {
+            self.roll()?;
         }
         self.guarded(|log| {
             while log.segments.len() > 1 && log.segments[1].base_offset <= offset {
@@ -468,9 +475,9 @@ impl Log {
             compacted.discard();
             return Err(Error::Poisoned);
         }
-        let Compacted { rewrites, error, .. } = compacted;
+        let Compacted { rewrites, error, oldest_tombstone_kept_ms, .. } = compacted;
         let stats = match compact::install(&self.dir, &mut self.segments, rewrites) {
-            Ok(stats) => stats,
+            Ok(stats) => CompactStats { oldest_tombstone_kept_ms, ..stats },
             Err(error) => return Err(self.poison(error)),
         };
         match error {

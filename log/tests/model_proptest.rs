@@ -212,15 +212,21 @@ fn retention(log: &mut Log, model: &mut Model, ms: Option<u64>, bytes: Option<u6
     let segments = log.segments();
     let mut total: u64 = segments.iter().map(|s| s.size_bytes).sum();
     let mut expected_start = model.start;
-    for pair in segments.windows(2) {
-        let max_ts = model.records.range(pair[0].base_offset..pair[0].next_offset).map(|(_, r)| r.timestamp_ms).max();
+    // Oldest first, the active segment too when it holds records (then the log is left empty
+    // at its next offset).
+    for (i, segment) in segments.iter().enumerate() {
+        let next = segments.get(i + 1);
+        if next.is_none() && segment.size_bytes == 0 {
+            break;
+        }
+        let max_ts = model.records.range(segment.base_offset..segment.next_offset).map(|(_, r)| r.timestamp_ms).max();
         let old = ms.is_some_and(|ms| model.clock_ms.saturating_sub(max_ts.unwrap_or(i64::MIN)) > ms as i64);
-        let big = bytes.is_some_and(|limit| total - pair[0].size_bytes >= limit);
+        let big = bytes.is_some_and(|limit| total - segment.size_bytes >= limit);
         if !(old || big) {
             break;
         }
-        total -= pair[0].size_bytes;
-        expected_start = pair[1].base_offset;
+        total -= segment.size_bytes;
+        expected_start = next.map_or(model.next, |n| n.base_offset);
     }
     check(log.set_config(LogConfig { retention_ms: ms, retention_bytes: bytes, ..config() }))?;
     prop_assert_eq!(check(log.apply_retention(model.clock_ms as u64))?, expected_start);

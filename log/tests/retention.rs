@@ -66,19 +66,42 @@ fn retention_cut_deletes_nothing_and_delete_before_keeps_a_straddling_segment() 
     assert_eq!(log.delete_before(3)?, 2, "segment 2..4 straddles offset 3 and stays");
     assert_eq!(log.read_record(2)?.map(|(o, _)| o), Some(2));
     assert_eq!(log.delete_before(4)?, 4);
-    assert_eq!(log.delete_before(u64::MAX)?, 10, "the active segment stays");
+    assert_eq!(log.delete_before(10)?, 10, "the active segment 10..11 straddles offset 10 and stays");
+    assert_eq!(log.read_record(10)?.map(|(o, _)| o), Some(10));
+    assert_eq!(log.delete_before(11)?, 11, "an active segment that ends at the offset goes");
     assert_eq!(log.next_offset(), 11);
     Ok(())
 }
 
-/// Retention never deletes the active segment, however old.
+/// As in Kafka, an active segment whose records are all past retention goes too (rolled
+/// first): the log is left empty at its next offset, and appends and a reopen continue there.
 #[test]
-fn retention_never_deletes_the_active_segment() -> TestResult {
-    let config = LogConfig { retention_ms: Some(1), retention_bytes: Some(0), ..small_config() };
-    let (_dir, mut log) = timed_segments(config, 3)?;
-    assert_eq!(log.apply_retention(u64::MAX)?, 6);
+fn retention_removes_an_active_segment_past_retention_and_leaves_an_empty_log() -> TestResult {
+    let config = LogConfig { retention_ms: Some(1), ..small_config() };
+    let (dir, mut log) = timed_segments(config.clone(), 3)?;
+    assert_eq!(log.retention_cut(u64::MAX), 7);
+    assert_eq!(log.apply_retention(u64::MAX)?, 7);
     assert_eq!(log.segments().len(), 1);
-    assert_eq!(log.next_offset(), 7);
+    assert_eq!((log.start_offset(), log.next_offset()), (7, 7));
+    assert_eq!(log.read_record(6)?, None);
+    assert_eq!(log.apply_retention(u64::MAX)?, 7, "an empty log has nothing past retention");
+    let mut batch = encode_batch(&[at(9000)], Compression::None)?;
+    assert_eq!(log.append(&mut batch, 0)?.base_offset, 7);
+    drop(log);
+    let log = Log::open(dir.path(), config)?;
+    assert_eq!((log.start_offset(), log.next_offset()), (7, 8));
+    assert_eq!(log.read_record(7)?.map(|(o, _)| o), Some(7));
+    Ok(())
+}
+
+/// An active segment with a record newer than `retention_ms` stays, with every record.
+#[test]
+fn retention_keeps_an_active_segment_with_a_recent_record() -> TestResult {
+    let config = LogConfig { retention_ms: Some(2500), ..small_config() };
+    let (_dir, mut log) = timed_segments(config, 3)?;
+    let mut batch = encode_batch(&[at(4000)], Compression::None)?;
+    log.append(&mut batch, 0)?;
+    assert_eq!(log.apply_retention(6000)?, 6, "the sealed segments go, the active one stays");
     assert_eq!(log.read_record(6)?.map(|(o, _)| o), Some(6));
     Ok(())
 }

@@ -792,7 +792,7 @@ impl Node {
     async fn cleaner_loop(&self) {
         let mut stop = self.inner.stop.subscribe();
         let interval = Duration::from_millis(self.inner.config.cleaner_interval_ms);
-        let mut compacted_at: HashMap<GroupId, u64> = HashMap::new();
+        let mut compacted_at: HashMap<GroupId, Cleaned> = HashMap::new();
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}
@@ -818,8 +818,8 @@ impl Node {
                 let last = compacted_at.get(&g.group_id).copied();
                 let outcome = tokio::task::spawn_blocking(move || clean(&p, &policy, last)).await;
                 match outcome {
-                    Ok(Ok(Some(sealed))) => {
-                        compacted_at.insert(g.group_id, sealed);
+                    Ok(Ok(Some(cleaned))) => {
+                        compacted_at.insert(g.group_id, cleaned);
                     }
                     Ok(Ok(None)) => {}
                     Ok(Err(e)) => tracing::warn!(group = g.group_id, error = %e, "log cleaning failed"),
@@ -1688,19 +1688,31 @@ fn leader_of(raft: &Raft) -> Option<(NodeId, ReplicaId)> {
     m.membership_config.membership().get_node(&leader).map(|n| (n.node_id, leader))
 }
 
-/// One compaction pass of a replica under the `compact` policy, when sealed data
-/// changed since the last pass (`last`, sealed bytes then). Returns the sealed bytes
-/// after compacting. (Retention is committed through Raft: `propose_retention`.)
-fn clean(p: &Partition, policy: &crate::controller::CleanupPolicy, last: Option<u64>) -> Result<Option<u64>> {
+/// What the last compaction pass of a replica found: the sealed bytes after it, and the
+/// timestamp of the oldest tombstone it kept (too new to remove then).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Cleaned {
+    sealed_bytes: u64,
+    oldest_tombstone_kept_ms: Option<i64>,
+}
+
+/// One compaction pass of a replica under the `compact` policy, when sealed data changed
+/// since the last pass (`last`) or a tombstone that pass kept is now past
+/// `delete.retention.ms` (as Kafka's cleaner does, KIP-534: an idle log still loses its
+/// expired tombstones). Returns what the pass found, or `None` when it did not run or
+/// examined nothing (a replica re-applying, or with nothing indexed yet), so the next pass
+/// tries again. (Retention is committed through Raft: `propose_retention`.)
+fn clean(p: &Partition, policy: &crate::controller::CleanupPolicy, last: Option<Cleaned>) -> Result<Option<Cleaned>> {
     let now = crate::state_machine::now_ms();
     if !policy.compact {
         return Ok(None);
     }
     let sealed = p.sealed_bytes();
-    if sealed == 0 || last == Some(sealed) {
+    let horizon = now.saturating_sub(policy.delete_retention_ms) as i64;
+    let tombstones_due = |c: &Cleaned| c.oldest_tombstone_kept_ms.is_some_and(|t| t < horizon);
+    if sealed == 0 || last.is_some_and(|c| c.sealed_bytes == sealed && !tombstones_due(&c)) {
         return Ok(None);
     }
-    let horizon = now.saturating_sub(policy.delete_retention_ms) as i64;
     let stats = p.compact(horizon)?;
     if stats.records_removed > 0 {
         tracing::info!(
@@ -1711,7 +1723,10 @@ fn clean(p: &Partition, policy: &crate::controller::CleanupPolicy, last: Option<
             "compacted"
         );
     }
-    Ok(Some(p.sealed_bytes()))
+    if stats.bytes_before == 0 {
+        return Ok(None);
+    }
+    Ok(Some(Cleaned { sealed_bytes: p.sealed_bytes(), oldest_tombstone_kept_ms: stats.oldest_tombstone_kept_ms }))
 }
 
 /// Reads that may find their data in tiered storage: run `read`; when it needs remote
@@ -1804,6 +1819,50 @@ pub use wire::log_id_to_pb;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An idle compacted log loses a tombstone once it is past `delete.retention.ms`: a pass
+    /// that kept it as too new runs again when it expires, though no sealed byte changed.
+    #[test]
+    fn an_expired_tombstone_is_cleaned_from_an_idle_log() -> std::result::Result<(), Box<dyn std::error::Error>> {
+        use logdex_index::Index;
+        use logdex_index::IndexConfig;
+        use logdex_log::Compression;
+        use logdex_log::LogConfig;
+        let root = tempfile::tempdir()?;
+        let index = Index::open(&root.path().join("index"), IndexConfig::default())?;
+        let config = LogConfig { segment_bytes: 1024, ..LogConfig::default() };
+        let (p, _) = Partition::open(3, 1 << 20, &root.path().join("partition"), config, index)?;
+        let now = crate::state_machine::now_ms() as i64;
+        let record = |i: u64, key: &str, value: Option<Vec<u8>>| logdex_log::Record {
+            timestamp_ms: now - 10_000 + i as i64,
+            key: Some(key.as_bytes().to_vec()),
+            value,
+            headers: Vec::new(),
+        };
+        // Offset 0 writes `gone`, offset 1 tombstones it, then filler seals both.
+        let mut records = vec![record(0, "gone", Some(b"v".to_vec())), record(1, "gone", None)];
+        records.extend((2..40).map(|i| record(i, &format!("fill{i}"), Some(vec![7; 100]))));
+        for (n, r) in records.iter().enumerate() {
+            let mut batches = [logdex_log::encode_batch(std::slice::from_ref(r), Compression::None)?];
+            let log_id = crate::wire::log_id_from_pb(&pb::LogId { term: 1, index: n as u64 + 1 });
+            let applied = crate::partition::AppliedState { applied: Some(log_id), ..Default::default() };
+            p.apply_batches(&mut batches, &applied, 0)?;
+        }
+        let tombstone_at = |p: &Partition| -> std::result::Result<bool, Box<dyn std::error::Error>> {
+            Ok(p.read_records(0, 100, 1 << 20)?.iter().any(|(o, r)| *o == 1 && r.value.is_none()))
+        };
+        let keep_a_minute =
+            crate::controller::CleanupPolicy { compact: true, delete: false, delete_retention_ms: 60_000 };
+        let first = clean(&p, &keep_a_minute, None)?.ok_or("the first pass examines the sealed segments")?;
+        assert_eq!(first.oldest_tombstone_kept_ms, Some(now - 10_000 + 1), "the pass reports the tombstone it kept");
+        assert!(tombstone_at(&p)?, "a tombstone newer than delete.retention.ms stays");
+        assert_eq!(clean(&p, &keep_a_minute, Some(first))?, None, "nothing changed and nothing expired: no pass");
+        let keep_a_second = crate::controller::CleanupPolicy { delete_retention_ms: 1_000, ..keep_a_minute };
+        let second = clean(&p, &keep_a_second, Some(first))?.ok_or("the expired tombstone brings a pass")?;
+        assert_eq!(second.oldest_tombstone_kept_ms, None);
+        assert!(!tombstone_at(&p)?, "the expired tombstone is gone");
+        Ok(())
+    }
 
     #[test]
     fn a_produce_that_failed_after_its_call_stream_opened_is_never_definite() {

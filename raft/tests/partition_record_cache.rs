@@ -87,7 +87,8 @@ fn lookups_through_the_record_cache_follow_overwrites_tombstones_and_retention()
     assert!(matches!(cached.read_key_at(b"k3")?.0, KeyRead::NotFound), "{answers:?}");
 
     // A trim past some keys' latest records: they are removed by retention, not found in the cache.
-    let cut = cached.retention_cut(1_800_000_000_000)?.ok_or("sealed segments past retention")?;
+    // Every record but the newest (record 65, in the active segment) is past retention.
+    let cut = cached.retention_cut(1_700_000_000_066)?.ok_or("sealed segments past retention")?;
     let trim = pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(cut)) };
     entry += 1;
     for p in [&cached, &plain] {

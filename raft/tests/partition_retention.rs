@@ -67,7 +67,8 @@ fn a_committed_trim_leaves_replicas_with_other_segment_boundaries_answering_alik
             p.apply_batches(&mut batch, &common::applied(i + 1), 0)?;
         }
     }
-    let now = 1_800_000_000_000;
+    // Every record but the newest (in the active segment) is past retention.
+    let now = 1_700_000_000_000 + RECORDS;
     let cut = a.retention_cut(now)?.ok_or("every sealed segment of the leader is past retention")?;
     assert!(cut > 0 && cut < RECORDS, "cut {cut}");
     assert_eq!(a.log_start_offset(), 0, "computing the cut deletes nothing");
