@@ -100,6 +100,25 @@ pub fn encode_key(key: &[u8]) -> String {
     out
 }
 
+/// The path of a key's lookup, write or delete, with `query` (`name=value&...`, or empty).
+/// The keys `.` and `..` travel base64url-encoded: URL clients resolve them as dot segments,
+/// percent-encoded or not, and the request would reach another route.
+pub fn kv_path(topic: &str, key: &[u8], query: &str) -> String {
+    use base64::Engine;
+    let topic = encode_key(topic.as_bytes());
+    let mut path = if matches!(key, b"." | b"..") {
+        let key = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(key);
+        format!("/kv/{topic}/{key}?key_encoding=base64url")
+    } else {
+        format!("/kv/{topic}/{}", encode_key(key))
+    };
+    if !query.is_empty() {
+        path.push(if path.contains('?') { '&' } else { '?' });
+        path.push_str(query);
+    }
+    path
+}
+
 fn print_json(v: &Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
@@ -171,21 +190,17 @@ pub async fn run(command: Command) -> Result<(), String> {
                 value.into_bytes()
             };
             let c = Client::new(&target)?;
-            let path = format!("/kv/{}/{}", encode_key(topic.as_bytes()), encode_key(key.as_bytes()));
-            let a = c.send(reqwest::Method::PUT, &path, Some(value)).await?.ok()?;
+            let a = c.send(reqwest::Method::PUT, &kv_path(&topic, key.as_bytes(), ""), Some(value)).await?.ok()?;
             written(&a, target.json)
         }
         Command::Del { topic, key, target } => {
             let c = Client::new(&target)?;
-            let path = format!("/kv/{}/{}", encode_key(topic.as_bytes()), encode_key(key.as_bytes()));
-            let a = c.send(reqwest::Method::DELETE, &path, None).await?.ok()?;
+            let a = c.send(reqwest::Method::DELETE, &kv_path(&topic, key.as_bytes(), ""), None).await?.ok()?;
             written(&a, target.json)
         }
         Command::Get { topic, key, read, verbose, target } => {
             let c = Client::new(&target)?;
-            let a = c
-                .get(&format!("/kv/{}/{}?read={read}", encode_key(topic.as_bytes()), encode_key(key.as_bytes())))
-                .await?;
+            let a = c.get(&kv_path(&topic, key.as_bytes(), &format!("read={read}"))).await?;
             if verbose {
                 for name in ["x-kv-partition", "x-kv-offset", "x-kv-high-watermark", "x-kv-node", "x-kv-timestamp"] {
                     if let Some(v) = a.headers.get(name).and_then(|v| v.to_str().ok()) {

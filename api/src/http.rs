@@ -154,6 +154,36 @@ fn config_strings(config: BTreeMap<String, Value>) -> Result<BTreeMap<String, St
         .collect()
 }
 
+/// Checks of a create's or an alter's config that the controller's own validation leaves
+/// out (it must apply old log entries as it did when they were written): Kafka's ranges, and
+/// tiered storage only on nodes started with an object store.
+fn check_config_limits(s: &AppState, config: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    const I32_MAX: u64 = i32::MAX as u64;
+    const I64_MAX: u64 = i64::MAX as u64;
+    for (key, value) in config {
+        let (low, high) = match key.as_str() {
+            "segment.bytes" => (14, I32_MAX),
+            "max.message.bytes" => (1, I32_MAX),
+            "segment.ms" => (1, I64_MAX),
+            "delete.retention.ms" => (0, I64_MAX),
+            _ => continue,
+        };
+        if !value.parse::<u64>().is_ok_and(|v| (low..=high).contains(&v)) {
+            return Err(ApiError::bad(
+                "invalid_config",
+                format!("invalid value {value:?} for topic config {key:?}: it must be from {low} to {high}"),
+            ));
+        }
+    }
+    if config.get("remote.storage.enable").map(String::as_str) == Some("true") && !s.router.node.has_tier_store() {
+        return Err(ApiError::bad(
+            "invalid_config",
+            "remote.storage.enable=true needs an object store: start every node with --tiered-store",
+        ));
+    }
+    Ok(())
+}
+
 fn controller_error(result: &pb::ControllerResult) -> Option<ApiError> {
     match result.status.as_str() {
         "invalid" => Some(ApiError::bad("invalid_topic", result.message.clone())),
@@ -168,6 +198,7 @@ async fn create_topic(State(s): State<AppState>, body: Bytes) -> Result<Response
     logdex_raft::controller::validate_topic_name(&req.name).map_err(|m| ApiError::bad("invalid_topic", m))?;
     let config = config_strings(req.config)?;
     logdex_raft::controller::validate_config(&config).map_err(|m| ApiError::bad("invalid_config", m))?;
+    check_config_limits(&s, &config)?;
     let replication_factor = req.replication_factor.unwrap_or_else(|| s.router.node.default_replication_factor());
     let cmd = pb::ControllerCommand {
         kind: Some(pb::controller_command::Kind::CreateTopic(pb::CreateTopic {
@@ -217,8 +248,20 @@ async fn list_topics(State(s): State<AppState>) -> Json<Value> {
     Json(json!({ "topics": names }))
 }
 
+/// The topic `name`; 404 when the cluster has none, but 503 on a node that has not joined the
+/// cluster yet (its view of the topics is not the cluster's).
 pub(crate) fn topic(s: &AppState, name: &str) -> Result<Arc<TopicRecord>, ApiError> {
-    s.router.node.cluster().topics.get(name).cloned().ok_or_else(|| ApiError::TopicNotFound(name.to_string()))
+    let cluster = s.router.node.cluster();
+    if let Some(t) = cluster.topics.get(name) {
+        return Ok(t.clone());
+    }
+    let me = s.router.node.node_id();
+    if !cluster.nodes.contains_key(&me) {
+        return Err(ApiError::Unavailable(format!(
+            "node {me} has not joined the cluster yet and does not know its topics; retry, or ask another node"
+        )));
+    }
+    Err(ApiError::TopicNotFound(name.to_string()))
 }
 
 async fn describe_topic(State(s): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
@@ -292,6 +335,7 @@ async fn alter_topic_config(
     }
     let req: Alter = parse_json(&body)?;
     let config = config_strings(req.config)?;
+    check_config_limits(&s, &config)?;
     let cmd = pb::ControllerCommand {
         kind: Some(pb::controller_command::Kind::AlterTopicConfig(pb::AlterTopicConfig {
             name: name.clone(),
@@ -723,7 +767,9 @@ fn batch_bytes_bound(records: &[Record]) -> usize {
 /// When this node may not pass writes on (`forward=false`, or a forwarded request), answers
 /// 421 (or 503 for a forwarded request) before anything is written unless it leads every
 /// partition the records go to. The redirect names the leader when one node leads them all;
-/// otherwise no node can take the request whole, and the message says how to split it.
+/// otherwise no node can take the request whole: every 421 still carries a redirect (to the
+/// leader of the lowest partition not led here, where a client splitting the request sends
+/// that partition's records), and the message says which node leads which partition.
 async fn check_partitions_led_here(
     s: &AppState,
     t: &TopicRecord,

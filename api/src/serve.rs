@@ -131,18 +131,33 @@ pub fn worker_threads(requested: usize, cores: usize) -> usize {
 }
 
 fn parse_peers(spec: &str) -> Result<Vec<(u64, String)>, String> {
-    spec.split(',')
+    let peers: Vec<(u64, String)> = spec
+        .split(',')
         .filter(|s| !s.trim().is_empty())
         .map(|item| {
             let (id, addr) =
                 item.trim().split_once('@').ok_or_else(|| format!("peer {item:?} is not of the form id@host:port"))?;
             let id: u64 = id.parse().map_err(|_| format!("peer id {id:?} is not a number"))?;
-            if !addr.contains(':') {
-                return Err(format!("peer address {addr:?} lacks a port"));
-            }
+            check_address(addr).map_err(|e| format!("peer {id}: {e}"))?;
             Ok((id, addr.to_string()))
         })
-        .collect()
+        .collect::<Result<_, String>>()?;
+    for (i, (id, _)) in peers.iter().enumerate() {
+        if peers[..i].iter().any(|(other, _)| other == id) {
+            return Err(format!("peer id {id} appears twice in --peers"));
+        }
+    }
+    Ok(peers)
+}
+
+/// Checks that `addr` is `host:port` (a name, an IPv4 address or a bracketed IPv6 one).
+fn check_address(addr: &str) -> Result<(), String> {
+    let (host, port) = addr.rsplit_once(':').ok_or_else(|| format!("address {addr:?} lacks a port (host:port)"))?;
+    if host.is_empty() || host.contains('/') || host.contains('@') {
+        return Err(format!("address {addr:?} is not host:port"));
+    }
+    port.parse::<u16>().map_err(|_| format!("address {addr:?} has no valid port (host:port)"))?;
+    Ok(())
 }
 
 impl ServeArgs {
@@ -164,6 +179,9 @@ impl ServeArgs {
     ) -> Result<NodeConfig, String> {
         let rpc_addr = self.advertise_rpc_addr.clone().unwrap_or_else(|| rpc_bound.to_string());
         let http_addr = self.advertise_http_addr.clone().unwrap_or_else(|| http_bound.to_string());
+        if let Some(join) = &self.join {
+            check_address(join).map_err(|e| format!("--join: {e}"))?;
+        }
         let peers = match &self.peers {
             Some(spec) => parse_peers(spec)?,
             None if self.join.is_none() => vec![(self.node_id, rpc_addr.clone())],
@@ -366,6 +384,12 @@ mod tests {
         assert!(parse_peers("1-127.0.0.1:9091").is_err());
         assert!(parse_peers("x@127.0.0.1:9091").is_err());
         assert!(parse_peers("1@localhost").is_err());
+        assert!(parse_peers("1@127.0.0.1:9091,1@127.0.0.1:9092").is_err(), "an id twice");
+        assert!(parse_peers("1@127.0.0.1:port").is_err());
+        assert!(parse_peers("1@[::1]:9091").is_ok());
+        assert!(check_address("garbage").is_err());
+        assert!(check_address("http://127.0.0.1:9091").is_err());
+        assert!(check_address("127.0.0.1:9091").is_ok());
         Ok(())
     }
 

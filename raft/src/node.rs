@@ -259,7 +259,7 @@ impl Node {
     /// [`Node::run`] once the RPC server is accepting connections.
     pub async fn open(config: NodeConfig) -> Result<Node> {
         config.validate()?;
-        std::fs::create_dir_all(&config.data_dir)?;
+        claim_data_dir(&config.data_dir, config.node_id)?;
         let raft_config = Arc::new(
             openraft::Config {
                 cluster_name: "logdex".into(),
@@ -439,6 +439,11 @@ impl Node {
         );
         hosted.raft.trigger().transfer_leader(to).await.map_err(Error::unavailable)?;
         Ok(true)
+    }
+
+    /// Whether this node was started with an object store for tiered storage (`--tiered-store`).
+    pub fn has_tier_store(&self) -> bool {
+        self.inner.tier_store.is_some()
     }
 
     /// Counts a received snapshot refused as damaged (`/metrics`).
@@ -1654,6 +1659,49 @@ fn produce_error(group: GroupId, status: tonic::Status, connect_failed: bool) ->
     }
 }
 
+/// The file naming the node a data directory belongs to (`raft/FORMAT.md`).
+const NODE_FILE: &str = "node.json";
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct NodeFile {
+    version: u8,
+    node_id: NodeId,
+}
+
+/// Creates the data directory, or checks that it belongs to `node_id`: a node started with
+/// another node's directory would take that node's replicas for its own (and remove those it
+/// does not host), so it refuses to start. A directory written before the file existed is
+/// claimed by the first node that opens it.
+fn claim_data_dir(dir: &std::path::Path, node_id: NodeId) -> Result<()> {
+    let shown = dir.display();
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::Invalid(format!("cannot create the data directory {shown}: {e}")))?;
+    let path = dir.join(NODE_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let file: NodeFile =
+                serde_json::from_slice(&bytes).map_err(|e| Error::Corrupted(format!("{}: {e}", path.display())))?;
+            if file.version != 1 {
+                return Err(Error::Corrupted(format!("{}: unknown version {}", path.display(), file.version)));
+            }
+            if file.node_id != node_id {
+                return Err(Error::Invalid(format!(
+                    "the data directory {shown} belongs to node {}, not node {node_id}: start node {} with it, or give node {node_id} a directory of its own",
+                    file.node_id, file.node_id
+                )));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let bytes =
+                serde_json::to_vec(&NodeFile { version: 1, node_id }).map_err(|e| Error::Invalid(e.to_string()))?;
+            crate::partition::write_file_durably(dir, NODE_FILE, &bytes)
+                .map_err(|e| Error::Invalid(format!("cannot write to the data directory {shown}: {e}")))
+        }
+        Err(e) => Err(Error::Invalid(format!("cannot read {}: {e}", path.display()))),
+    }
+}
+
 /// The log id a read on the leader must wait for: a lease read unless `strict`.
 pub async fn leader_read_log_id(raft: &Raft, group: GroupId, strict: bool) -> Result<crate::types::LogId> {
     let policy = if strict { ReadPolicy::ReadIndex } else { ReadPolicy::LeaseRead };
@@ -1819,6 +1867,22 @@ pub use wire::log_id_to_pb;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_data_directory_refuses_a_node_other_than_its_own() -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let root = tempfile::tempdir()?;
+        let dir = root.path().join("data");
+        claim_data_dir(&dir, 1)?;
+        claim_data_dir(&dir, 1)?;
+        let refused = claim_data_dir(&dir, 2).err().ok_or("node 2 opened node 1's directory")?;
+        assert!(matches!(refused, Error::Invalid(_)), "{refused:?}");
+        assert!(refused.to_string().contains("belongs to node 1"), "{refused}");
+        let file = root.path().join("file");
+        std::fs::write(&file, b"x")?;
+        let not_a_dir = claim_data_dir(&file, 1).err().ok_or("a regular file became a data directory")?;
+        assert!(not_a_dir.to_string().contains(&file.display().to_string()), "{not_a_dir}");
+        Ok(())
+    }
 
     /// An idle compacted log loses a tombstone once it is past `delete.retention.ms`: a pass
     /// that kept it as too new runs again when it expires, though no sealed byte changed.
