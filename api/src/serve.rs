@@ -332,10 +332,14 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     #[cfg(feature = "failpoints")]
     crate::crash_points::arm();
     let running = start(args).await?;
-    shutdown_signal().await;
+    let node = running.node.clone();
+    let refused = tokio::select! {
+        () = shutdown_signal() => None,
+        reason = node.fatal() => Some(reason),
+    };
     tracing::info!("shutting down");
     running.shutdown().await;
-    Ok(())
+    refused.map_or(Ok(()), Err)
 }
 
 fn tokio_stream_incoming(

@@ -41,6 +41,9 @@ pub struct NodeRecord {
     pub node_id: NodeId,
     pub rpc_addr: String,
     pub http_addr: String,
+    /// The data directory the node registered with (`RegisterNode.incarnation`; 0: unknown).
+    #[serde(default)]
+    pub incarnation: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -156,8 +159,32 @@ impl ClusterState {
         }
     }
 
+    /// Registers a node, or updates its addresses. An id already registered from another data
+    /// directory is refused: it is another process taking the id (its peers would send it the
+    /// replicas of the node it impersonates), or the same node after its data was lost, whose
+    /// Raft logs no longer hold what it acknowledged; such a node joins under a new id.
     fn register_node(&mut self, r: &pb::RegisterNode) -> pb::ControllerResult {
-        let record = NodeRecord { node_id: r.node_id, rpc_addr: r.rpc_addr.clone(), http_addr: r.http_addr.clone() };
+        let mut record = NodeRecord {
+            node_id: r.node_id,
+            rpc_addr: r.rpc_addr.clone(),
+            http_addr: r.http_addr.clone(),
+            incarnation: r.incarnation,
+        };
+        if let Some(existing) = self.nodes.get(&r.node_id) {
+            if existing.incarnation != 0 && r.incarnation != 0 && existing.incarnation != r.incarnation {
+                return result(
+                    "conflict",
+                    format!(
+                        "node id {} is registered by another data directory (at {}); a node whose data was lost, \
+                         or a new node, joins under an id of its own, and the partitions move off the old id",
+                        r.node_id, existing.rpc_addr
+                    ),
+                );
+            }
+            if r.incarnation == 0 {
+                record.incarnation = existing.incarnation;
+            }
+        }
         if self.nodes.get(&r.node_id) == Some(&record) {
             return result("exists", format!("node {} already registered", r.node_id));
         }
@@ -479,14 +506,39 @@ mod tests {
     use super::*;
 
     fn register(state: &mut ClusterState, id: u64) {
+        register_from(state, id, 7000 + id, 0);
+    }
+
+    fn register_from(state: &mut ClusterState, id: u64, port: u64, incarnation: u64) -> pb::ControllerResult {
         let cmd = pb::ControllerCommand {
             kind: Some(Kind::RegisterNode(pb::RegisterNode {
                 node_id: id,
-                rpc_addr: format!("127.0.0.1:{}", 7000 + id),
+                rpc_addr: format!("127.0.0.1:{port}"),
                 http_addr: format!("127.0.0.1:{}", 8000 + id),
+                incarnation,
             })),
         };
-        state.apply(&cmd);
+        state.apply(&cmd)
+    }
+
+    #[test]
+    fn an_id_registered_from_one_data_directory_is_refused_to_another() {
+        let mut state = ClusterState::default();
+        assert_eq!(register_from(&mut state, 4, 7004, 11).status, "ok");
+        assert_eq!(register_from(&mut state, 4, 7004, 11).status, "exists", "a retry of the same registration");
+        assert_eq!(register_from(&mut state, 4, 7014, 11).status, "ok", "the same directory at a new address");
+        let refused = register_from(&mut state, 4, 7024, 22);
+        assert_eq!(refused.status, "conflict", "{}", refused.message);
+        assert_eq!(state.nodes[&4].rpc_addr, "127.0.0.1:7014", "the refused registration changed nothing");
+        assert_eq!(register_from(&mut state, 4, 7014, 0).status, "exists", "a node that predates incarnations");
+        assert_eq!(state.nodes[&4].incarnation, 11);
+        assert_eq!(register_from(&mut state, 5, 7005, 0).status, "ok");
+        assert_eq!(
+            register_from(&mut state, 5, 7005, 33).status,
+            "ok",
+            "an unknown directory takes the first one seen"
+        );
+        assert_eq!(register_from(&mut state, 5, 7005, 44).status, "conflict");
     }
 
     fn create(state: &mut ClusterState, name: &str, partitions: u32, rf: u32) -> pb::ControllerResult {

@@ -252,6 +252,10 @@ struct NodeInner {
     /// Per group, the trim point whose objects this node last collected.
     tier_collected: std::sync::Mutex<HashMap<GroupId, u64>>,
     stop: tokio::sync::watch::Sender<bool>,
+    /// The data directory's incarnation (`node.json`), sent with the registration.
+    incarnation: u64,
+    /// Why the node cannot go on (its registration was refused), once it knows.
+    fatal: tokio::sync::watch::Sender<Option<String>>,
 }
 
 impl Node {
@@ -259,7 +263,7 @@ impl Node {
     /// [`Node::run`] once the RPC server is accepting connections.
     pub async fn open(config: NodeConfig) -> Result<Node> {
         config.validate()?;
-        claim_data_dir(&config.data_dir, config.node_id)?;
+        let incarnation = claim_data_dir(&config.data_dir, config.node_id)?;
         let raft_config = Arc::new(
             openraft::Config {
                 cluster_name: "logdex".into(),
@@ -334,12 +338,28 @@ impl Node {
                 records,
                 tier_collected: Default::default(),
                 stop,
+                incarnation,
+                fatal: tokio::sync::watch::channel(None).0,
             }),
         })
     }
 
     pub fn node_id(&self) -> NodeId {
         self.inner.config.node_id
+    }
+
+    /// Resolves when the node cannot go on, with the reason (its registration was refused);
+    /// never while it can.
+    pub async fn fatal(&self) -> String {
+        let mut fatal = self.inner.fatal.subscribe();
+        loop {
+            if let Some(reason) = fatal.borrow_and_update().clone() {
+                return reason;
+            }
+            if fatal.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
     }
 
     pub fn config(&self) -> &NodeConfig {
@@ -495,6 +515,7 @@ impl Node {
                 node_id: config.node_id,
                 rpc_addr: config.rpc_addr.clone(),
                 http_addr: config.http_addr.clone(),
+                incarnation: self.inner.incarnation,
             })),
         };
         let mut stop = self.inner.stop.subscribe();
@@ -514,6 +535,11 @@ impl Node {
                 Ok((r, _)) => Ok(r),
                 Err(e) => self.register_via_peers(&cmd).await.map_err(|_| e),
             };
+            if let Some(refused) = result.as_ref().ok().filter(|r| r.status == "conflict") {
+                tracing::error!(message = %refused.message, "the cluster refused this node's registration");
+                let _ = self.inner.fatal.send(Some(format!("registration refused: {}", refused.message)));
+                return;
+            }
             if let Err(e) = result {
                 if attempt % 20 == 19 {
                     tracing::warn!(error = %e, attempt, "cannot register with the controller yet");
@@ -1666,13 +1692,24 @@ const NODE_FILE: &str = "node.json";
 struct NodeFile {
     version: u8,
     node_id: NodeId,
+    /// Random, drawn when the directory is claimed: tells this directory from another one of
+    /// the same node id when the node registers (`RegisterNode.incarnation`).
+    #[serde(default)]
+    incarnation: u64,
+}
+
+/// A random nonzero number (std's per-process hasher keys, and the clock).
+fn random_incarnation() -> u64 {
+    use std::hash::BuildHasher;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    std::collections::hash_map::RandomState::new().hash_one((now, std::process::id())).max(1)
 }
 
 /// Creates the data directory, or checks that it belongs to `node_id`: a node started with
 /// another node's directory would take that node's replicas for its own (and remove those it
 /// does not host), so it refuses to start. A directory written before the file existed is
-/// claimed by the first node that opens it.
-fn claim_data_dir(dir: &std::path::Path, node_id: NodeId) -> Result<()> {
+/// claimed by the first node that opens it. Returns the directory's incarnation.
+fn claim_data_dir(dir: &std::path::Path, node_id: NodeId) -> Result<u64> {
     let shown = dir.display();
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::Invalid(format!("cannot create the data directory {shown}: {e}")))?;
@@ -1690,13 +1727,15 @@ fn claim_data_dir(dir: &std::path::Path, node_id: NodeId) -> Result<()> {
                     file.node_id, file.node_id
                 )));
             }
-            Ok(())
+            Ok(file.incarnation)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let bytes =
-                serde_json::to_vec(&NodeFile { version: 1, node_id }).map_err(|e| Error::Invalid(e.to_string()))?;
+            let incarnation = random_incarnation();
+            let bytes = serde_json::to_vec(&NodeFile { version: 1, node_id, incarnation })
+                .map_err(|e| Error::Invalid(e.to_string()))?;
             crate::partition::write_file_durably(dir, NODE_FILE, &bytes)
-                .map_err(|e| Error::Invalid(format!("cannot write to the data directory {shown}: {e}")))
+                .map_err(|e| Error::Invalid(format!("cannot write to the data directory {shown}: {e}")))?;
+            Ok(incarnation)
         }
         Err(e) => Err(Error::Invalid(format!("cannot read {}: {e}", path.display()))),
     }
@@ -1872,8 +1911,11 @@ mod tests {
     fn a_data_directory_refuses_a_node_other_than_its_own() -> std::result::Result<(), Box<dyn std::error::Error>> {
         let root = tempfile::tempdir()?;
         let dir = root.path().join("data");
-        claim_data_dir(&dir, 1)?;
-        claim_data_dir(&dir, 1)?;
+        let incarnation = claim_data_dir(&dir, 1)?;
+        assert_ne!(incarnation, 0);
+        assert_eq!(claim_data_dir(&dir, 1)?, incarnation, "a directory keeps its incarnation");
+        let other = root.path().join("other");
+        assert_ne!(claim_data_dir(&other, 1)?, incarnation, "another directory of the same id differs");
         let refused = claim_data_dir(&dir, 2).err().ok_or("node 2 opened node 1's directory")?;
         assert!(matches!(refused, Error::Invalid(_)), "{refused:?}");
         assert!(refused.to_string().contains("belongs to node 1"), "{refused}");
