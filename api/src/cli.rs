@@ -66,7 +66,10 @@ pub enum Command {
         #[command(flatten)]
         target: Target,
     },
-    /// Print a partition's records from an offset: `offset<TAB>key<TAB>value` per line.
+    /// Print a partition's records from an offset: `offset<TAB>key<TAB>value` per line, keys and
+    /// values as UTF-8 text with `\\`, `\t`, `\n`, `\r` escaped, `\xNN` for other bytes that
+    /// are not printable text, `\N` for none (no key, a tombstone); `--json`: the fetch API's
+    /// records, with the page's `encoding` on each.
     Consume {
         topic: String,
         #[arg(long, default_value_t = 0)]
@@ -82,7 +85,7 @@ pub enum Command {
         #[command(flatten)]
         target: Target,
     },
-    /// Move a partition's replicas to the given nodes (comma-separated ids; the first is the preferred leader).
+    /// Move a partition's replicas to the given nodes (comma-separated ids); the leader stays where it is while it remains a replica.
     Move {
         topic: String,
         partition: u32,
@@ -105,8 +108,9 @@ pub enum TopicCommand {
         name: String,
         #[arg(long, default_value_t = 1)]
         partitions: u32,
-        #[arg(long, default_value_t = 1)]
-        replication_factor: u32,
+        /// Replicas per partition [default: the server's, 3, or one per node when the cluster has fewer]
+        #[arg(long)]
+        replication_factor: Option<u32>,
         /// Topic config as key=value, repeatable (e.g. cleanup.policy=compact).
         #[arg(long = "config", value_parser = parse_kv)]
         config: Vec<(String, String)>,

@@ -277,7 +277,10 @@ async fn topic(command: TopicCommand, target: &Target) -> Result<(), String> {
         TopicCommand::Create { name, partitions, replication_factor, config } => {
             let config: serde_json::Map<String, Value> =
                 config.into_iter().map(|(k, v)| (k, Value::String(v))).collect();
-            let body = json!({ "name": name, "partitions": partitions, "replication_factor": replication_factor, "config": config });
+            let mut body = json!({ "name": name, "partitions": partitions, "config": config });
+            if let Some(replication_factor) = replication_factor {
+                body["replication_factor"] = json!(replication_factor);
+            }
             c.json_call(reqwest::Method::POST, "/topics", &body).await?.ok()?.json()?
         }
         TopicCommand::List => {
@@ -359,6 +362,39 @@ async fn produce(topic: &str, batch: usize, target: &Target) -> Result<(), Strin
     Ok(())
 }
 
+/// A key or value of a base64 fetch page as one field of a `consume` line: UTF-8 text with
+/// `\\`, `\t`, `\n` and `\r` escaped, `\xNN` for each byte that is not UTF-8 text or is
+/// another control character, and `\N` for none (a record without a key, a tombstone).
+fn escaped_field(field: &Value) -> Result<String, String> {
+    use base64::Engine;
+    let Some(text) = field.as_str() else { return Ok("\\N".to_string()) };
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .map_err(|e| format!("the server sent a field that is not base64 ({e})"))?;
+    let mut out = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '\t' => out.push_str("\\t"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                c if c.is_control() => {
+                    let mut buf = [0; 4];
+                    for b in c.encode_utf8(&mut buf).bytes() {
+                        out.push_str(&format!("\\x{b:02x}"));
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    Ok(out)
+}
+
 async fn consume(
     topic: &str,
     partition: u32,
@@ -375,18 +411,23 @@ async fn consume(
         if want == 0 {
             return Ok(());
         }
+        // Text lines take the bytes (base64 on the wire) and escape them; JSON lines keep the
+        // page's own spelling and say which it is.
+        let encoding = if target.json { "auto" } else { "base64" };
         let path = format!(
-            "/topics/{}/partitions/{partition}/records?offset={offset}&max_records={want}",
+            "/topics/{}/partitions/{partition}/records?offset={offset}&max_records={want}&encoding={encoding}",
             encode_key(topic.as_bytes())
         );
         let v = c.get(&path).await?.ok()?.json()?;
         let records = v["records"].as_array().cloned().unwrap_or_default();
         for r in &records {
             if target.json {
+                let mut r = r.clone();
+                r["encoding"] = v["encoding"].clone();
                 writeln!(out, "{r}").map_err(|e| e.to_string())?;
             } else {
-                writeln!(out, "{}\t{}\t{}", cell(&r["offset"]), cell(&r["key"]), cell(&r["value"]))
-                    .map_err(|e| e.to_string())?;
+                let (key, value) = (escaped_field(&r["key"])?, escaped_field(&r["value"])?);
+                writeln!(out, "{}\t{key}\t{value}", cell(&r["offset"])).map_err(|e| e.to_string())?;
             }
             printed += 1;
         }
@@ -401,5 +442,33 @@ async fn consume(
                 _ = tokio::signal::ctrl_c() => return Ok(()),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consume_fields_are_escaped_so_tabs_newlines_and_bytes_cannot_break_a_line() -> Result<(), String> {
+        use base64::Engine;
+        let field = |bytes: &[u8]| Value::String(base64::engine::general_purpose::STANDARD.encode(bytes));
+        assert_eq!(escaped_field(&field(b"plain text"))?, "plain text");
+        assert_eq!(escaped_field(&field(b"multi\nline\tv\\"))?, "multi\\nline\\tv\\\\");
+        assert_eq!(escaped_field(&field(b"\xff\x00\x01ok"))?, "\\xff\\x00\\x01ok");
+        assert_eq!(escaped_field(&field("héllo".as_bytes()))?, "héllo");
+        assert_eq!(escaped_field(&field(b""))?, "");
+        assert_eq!(escaped_field(&Value::Null)?, "\\N", "a record without a key, a tombstone");
+        assert!(escaped_field(&Value::String("not base64!".into())).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn dot_keys_go_base64url_and_queries_join_with_the_right_separator() {
+        assert_eq!(kv_path("t", b"k", ""), "/kv/t/k");
+        assert_eq!(kv_path("t", b"k", "read=follower"), "/kv/t/k?read=follower");
+        assert_eq!(kv_path("t", b".", ""), "/kv/t/Lg?key_encoding=base64url");
+        assert_eq!(kv_path("t", b"..", "read=strict"), "/kv/t/Li4?key_encoding=base64url&read=strict");
+        assert_eq!(kv_path("a b", b"x/y", ""), "/kv/a%20b/x%2Fy");
     }
 }
