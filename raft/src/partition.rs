@@ -222,6 +222,21 @@ impl Partition {
         let marker = index.applied(replica)?;
         let mut reapply_until = read_json::<Reapply>(&dir.join(REAPPLY_FILE))?.map_or(0, |r| r.index_next_offset);
         let state = match marker {
+            Some(m) if m.next_offset < log.start_offset() => {
+                // A committed trim removed records the index's applied point does not reach
+                // (a power loss after the trim's deletions reached the disk, before the
+                // index's next checkpoint): the log starts empty at that point, and Raft
+                // re-applies the records after it and then the trim.
+                tracing::warn!(
+                    group,
+                    replica,
+                    log_start = log.start_offset(),
+                    index_end = m.next_offset,
+                    "a trim removed records past the index's applied point; re-applying them from the Raft log"
+                );
+                log.reset(m.next_offset)?;
+                AppliedState::decode(&m.state)?
+            }
             Some(m) if log.next_offset() >= m.next_offset => {
                 // The usual case after a crash: the log may hold batches the index
                 // never recorded; drop them, Raft re-applies their entries.

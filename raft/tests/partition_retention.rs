@@ -89,3 +89,69 @@ fn a_committed_trim_leaves_replicas_with_other_segment_boundaries_answering_alik
     check_trimmed(&b, cut, "follower after a restart")?;
     Ok(())
 }
+
+fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
+/// A trim that emptied the log reached the disk and the index's applied point did not (a
+/// power loss within a checkpoint interval): the replica opens at the index's point with an
+/// empty log, and re-applying the entries after it (the records, then the trim) leaves it as
+/// it was.
+#[test]
+fn a_replica_whose_index_is_behind_a_trim_that_emptied_its_log_opens_and_reapplies() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let config = LogConfig { segment_bytes: 500, retention_ms: Some(1), ..LogConfig::default() };
+    let apply = |p: &Partition, i: u64| -> TestResult {
+        let mut batch = [logdex_log::encode_batch(&[common::record(i, RECORDS)], Compression::None)?];
+        p.apply_batches(&mut batch, &common::applied(i + 1), 0)?;
+        Ok(())
+    };
+    let trim = pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(20)) };
+    let p = open(dir.path(), config.clone())?;
+    for i in 0..10 {
+        apply(&p, i)?;
+    }
+    p.checkpoint()?;
+    drop(p);
+    copy_dir(&dir.path().join("index"), &dir.path().join("index-at-10"))?;
+    let p = open(dir.path(), config.clone())?;
+    for i in 10..20 {
+        apply(&p, i)?;
+    }
+    p.apply_tier(&trim, 21)?;
+    assert_eq!((p.log_start_offset(), p.high_watermark()), (20, 20), "the trim emptied the log");
+    p.checkpoint()?;
+    drop(p);
+    // The power loss: the index is back at its point of offset 10, the log's deletions stayed.
+    std::fs::remove_dir_all(dir.path().join("index"))?;
+    std::fs::rename(dir.path().join("index-at-10"), dir.path().join("index"))?;
+
+    let index = Index::open(&dir.path().join("index"), IndexConfig::default())?;
+    let (p, state) = Partition::open(3, 1 << 20, &dir.path().join("partition"), config, index)?;
+    assert_eq!(state.applied.map(|l| l.index), Some(10), "the replica resumes at the index's point");
+    assert_eq!(p.high_watermark(), 10);
+    for i in 10..20 {
+        apply(&p, i)?;
+    }
+    p.apply_tier(&trim, 21)?;
+    assert_eq!((p.log_start_offset(), p.high_watermark()), (20, 20), "re-applied to the same state");
+    for i in 0..20 {
+        let (read, _) = p.read_key_at(format!("k{i}").as_bytes())?;
+        assert!(matches!(read, KeyRead::Evicted { .. } | KeyRead::NotFound), "k{i}: {read:?}");
+    }
+    apply(&p, 20)?;
+    let (read, _) = p.read_key_at(b"k20")?;
+    assert!(matches!(read, KeyRead::Found { offset: 20, .. }), "a write after the trim lands at offset 20: {read:?}");
+    Ok(())
+}
