@@ -46,6 +46,8 @@ pub async fn dev(args: DevArgs) -> Result<(), String> {
             .args(["--http-addr", &format!("127.0.0.1:{}", port(args.http_port, i)?)])
             .args(["--rpc-addr", &format!("127.0.0.1:{}", port(args.rpc_port, i)?)])
             .args(["--peers", &peers])
+            // Nodes stop with `dev`, also when it is killed and cannot stop them.
+            .arg("--exit-with-parent")
             // One object store for the cluster: topics may turn tiered storage on.
             .arg("--tiered-store")
             .arg(args.data_dir.join("tiered"))

@@ -123,6 +123,26 @@ pub struct ServeArgs {
         default_value = "info,openraft=error,openraft::raft::raft_inner=off,openraft::raft::stream_append=off"
     )]
     pub log: String,
+    /// Stop (cleanly) when the process that started this node exits, even by `kill -9`
+    /// (`logdex dev` sets it for its nodes).
+    #[arg(long, env = "LOGDEX_EXIT_WITH_PARENT")]
+    pub exit_with_parent: bool,
+}
+
+/// Resolves once this process's parent is gone (it was re-parented), polling twice a second.
+async fn parent_gone() {
+    #[cfg(unix)]
+    {
+        let parent = std::os::unix::process::parent_id();
+        loop {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            if std::os::unix::process::parent_id() != parent {
+                return;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    std::future::pending::<()>().await
 }
 
 /// The runtime's worker threads for `--worker-threads requested` on a machine of `cores`.
@@ -331,10 +351,20 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     // Test builds only: arm the crash points named in FAILPOINTS (see crash_points.rs).
     #[cfg(feature = "failpoints")]
     crate::crash_points::arm();
+    let exit_with_parent = args.exit_with_parent;
     let running = start(args).await?;
     let node = running.node.clone();
+    let parent = async {
+        if exit_with_parent {
+            parent_gone().await;
+            tracing::warn!("the process that started this node is gone; stopping");
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
     let refused = tokio::select! {
         () = shutdown_signal() => None,
+        () = parent => None,
         reason = node.fatal() => Some(reason),
     };
     tracing::info!("shutting down");
