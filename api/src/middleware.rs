@@ -37,6 +37,8 @@ pub struct Guard {
     in_flight: Semaphore,
     lookup_rate: Option<RateLimiter>,
     pub metrics: Metrics,
+    /// The request body limit, named in a 413 for a body over it.
+    body_bytes_max: Option<usize>,
 }
 
 impl Guard {
@@ -46,7 +48,14 @@ impl Guard {
             in_flight: Semaphore::new(requests_in_flight_max),
             lookup_rate: lookups_per_client_per_s.map(RateLimiter::new),
             metrics: Metrics::default(),
+            body_bytes_max: None,
         }
+    }
+
+    /// Names `bytes`, the request body limit, in the 413 of a body over it.
+    pub fn with_body_limit(mut self, bytes: usize) -> Guard {
+        self.body_bytes_max = Some(bytes);
+        self
     }
 }
 
@@ -64,7 +73,7 @@ pub async fn guard(State(g): State<Arc<Guard>>, request: Request, next: Next) ->
             Ok(_permit) => next.run(request).await,
         },
     };
-    let response = json_error_body(response).await;
+    let response = json_error_body(response, g.body_bytes_max).await;
     g.metrics.observe(&method, route, response.status(), started.elapsed());
     response
 }
@@ -133,7 +142,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// Rewrites a non-JSON error answer (an extractor rejection, an unknown
 /// route) into the JSON error shape, keeping its status and headers.
-async fn json_error_body(response: Response) -> Response {
+async fn json_error_body(response: Response, body_bytes_max: Option<usize>) -> Response {
     let status = response.status();
     let is_json = response
         .headers()
@@ -154,6 +163,10 @@ async fn json_error_body(response: Response) -> Response {
         _ => "error",
     };
     let mut message = String::from_utf8_lossy(&text).into_owned();
+    if let (StatusCode::PAYLOAD_TOO_LARGE, Some(limit)) = (status, body_bytes_max) {
+        // axum's text says only that a length limit was exceeded.
+        message = format!("the request body is over the limit of {limit} bytes");
+    }
     if message.is_empty() {
         // axum's 405 (a method a route does not take) carries no text: say what was wrong.
         message = match status {

@@ -305,9 +305,11 @@ pub async fn start(args: ServeArgs) -> Result<RunningNode, String> {
         Some(path) => Some(read_token(path)?),
         None => None,
     };
-    let guard = crate::middleware::Guard::new(token, args.requests_in_flight_max.max(1), args.lookup_rate_limit);
+    let limits = Limits::default();
+    let guard = crate::middleware::Guard::new(token, args.requests_in_flight_max.max(1), args.lookup_rate_limit)
+        .with_body_limit(limits.body_bytes_max);
     let router = Router::new(node.clone(), tls.as_ref()).map_err(|e| e.to_string())?;
-    let state = AppState::new(router, args.forward, Limits::default(), guard);
+    let state = AppState::new(router, args.forward, limits, guard);
     let app = crate::http::app(state.clone());
     let rpc = logdex_raft::service::server(node.clone());
     let client_api = crate::grpc::server(app.clone(), state);

@@ -124,3 +124,23 @@ async fn bad_parameters_answer_400_with_a_code_that_names_them() -> TestResult {
     node.shutdown().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_request_limit_answers_413_naming_the_limit() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (node, url) = start_node(dir.path(), &[]).await?;
+    let http = reqwest::Client::new();
+    let created = http
+        .post(format!("{url}/topics"))
+        .json(&json!({"name": "t", "partitions": 1, "replication_factor": 1}))
+        .send()
+        .await?;
+    assert_eq!(created.status(), 201);
+    // Over the 8 MiB request body limit (a value's own bound is checked after the body is read).
+    let body = vec![b'x'; 8 * 1024 * 1024 + 1];
+    let (status, code, message) = error_of(http.put(format!("{url}/kv/t/k")).body(body).send().await?).await?;
+    assert_eq!((status, code.as_str()), (413, "too_large"), "{message}");
+    assert!(message.contains(&(8 * 1024 * 1024).to_string()), "the answer names the limit: {message}");
+    node.shutdown().await;
+    Ok(())
+}
