@@ -6,19 +6,13 @@ mod common;
 use common::TestResult;
 use common::start_node;
 use logdex_api::client::kv_path;
-use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dot_keys_written_and_read_through_cli_paths_are_their_own_keys() -> TestResult {
     let dir = tempfile::tempdir()?;
     let (node, url) = start_node(dir.path(), &[]).await?;
     let http = reqwest::Client::new();
-    let created = http
-        .post(format!("{url}/topics"))
-        .json(&json!({"name": "t", "partitions": 1, "replication_factor": 1}))
-        .send()
-        .await?;
-    assert_eq!(created.status(), 201);
+    common::create_topic(&http, &url, "t", 1).await?;
     for (key, value) in [(".", "one dot"), ("..", "two dots"), ("a/../b", "slashes")] {
         let put = http.put(format!("{url}{}", kv_path("t", key.as_bytes(), ""))).body(value).send().await?;
         assert_eq!(put.status(), 200, "put {key:?}: {}", put.text().await?);

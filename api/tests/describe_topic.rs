@@ -12,12 +12,7 @@ async fn describe_reports_partition_sizes_that_grow_with_writes() -> TestResult 
     let dir = tempfile::tempdir()?;
     let (node, url) = start_node(dir.path(), &[]).await?;
     let http = reqwest::Client::new();
-    let created = http
-        .post(format!("{url}/topics"))
-        .json(&json!({"name": "sized", "partitions": 2, "replication_factor": 1}))
-        .send()
-        .await?;
-    assert_eq!(created.status(), 201);
+    common::create_topic(&http, &url, "sized", 2).await?;
     let describe = || async {
         let d: Value = http.get(format!("{url}/topics/sized")).send().await?.json().await?;
         TestResult::Ok(d)

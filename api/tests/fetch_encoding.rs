@@ -13,12 +13,7 @@ async fn fetch_spells_records_the_way_the_client_asks() -> TestResult {
     let dir = tempfile::tempdir()?;
     let (node, url) = start_node(dir.path(), &[]).await?;
     let http = reqwest::Client::new();
-    let created = http
-        .post(format!("{url}/topics"))
-        .json(&json!({"name": "t", "partitions": 1, "replication_factor": 1}))
-        .send()
-        .await?;
-    assert_eq!(created.status(), 201);
+    common::create_topic(&http, &url, "t", 1).await?;
     // Offset 0 is text; offset 1 has a value that is not UTF-8 (0xff 0xfe, base64 "//4=").
     let text = json!({"records": [{"key": "k1", "value": "v1"}]});
     assert_eq!(http.post(format!("{url}/topics/t/records")).json(&text).send().await?.status(), 200);

@@ -64,12 +64,7 @@ async fn bad_parameters_answer_400_with_a_code_that_names_them() -> TestResult {
     let dir = tempfile::tempdir()?;
     let (node, url) = start_node(dir.path(), &[]).await?;
     let http = reqwest::Client::new();
-    let created = http
-        .post(format!("{url}/topics"))
-        .json(&json!({"name": "t", "partitions": 2, "replication_factor": 1}))
-        .send()
-        .await?;
-    assert_eq!(created.status(), 201);
+    common::create_topic(&http, &url, "t", 2).await?;
     assert_eq!(http.put(format!("{url}/kv/t/k")).body("v").send().await?.status(), 200);
 
     let (status, code, message) = error_of(http.get(format!("{url}/kv/t/k?partition=2")).send().await?).await?;
@@ -130,12 +125,7 @@ async fn a_body_over_the_request_limit_answers_413_naming_the_limit() -> TestRes
     let dir = tempfile::tempdir()?;
     let (node, url) = start_node(dir.path(), &[]).await?;
     let http = reqwest::Client::new();
-    let created = http
-        .post(format!("{url}/topics"))
-        .json(&json!({"name": "t", "partitions": 1, "replication_factor": 1}))
-        .send()
-        .await?;
-    assert_eq!(created.status(), 201);
+    common::create_topic(&http, &url, "t", 1).await?;
     // Over the 8 MiB request body limit (a value's own bound is checked after the body is read).
     let body = vec![b'x'; 8 * 1024 * 1024 + 1];
     let (status, code, message) = error_of(http.put(format!("{url}/kv/t/k")).body(body).send().await?).await?;

@@ -54,3 +54,16 @@ pub fn token_file(dir: &std::path::Path, name: &str, token: &str) -> TestResult<
     std::fs::write(&path, format!("{token}\n"))?;
     Ok(path.display().to_string())
 }
+
+/// Creates topic `name` on the node at `url`: `partitions` partitions of one replica each;
+/// fails unless the node answers 201.
+#[allow(dead_code)] // Not every test binary that includes this module uses it.
+pub async fn create_topic(http: &reqwest::Client, url: &str, name: &str, partitions: u32) -> TestResult {
+    let body = serde_json::json!({"name": name, "partitions": partitions, "replication_factor": 1});
+    let created = http.post(format!("{url}/topics")).json(&body).send().await?;
+    let status = created.status();
+    if status != 201 {
+        return Err(format!("creating topic {name}: {status} {}", created.text().await?).into());
+    }
+    Ok(())
+}
