@@ -17,6 +17,8 @@ use crate::cli::TopicCommand;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long `consume --follow` waits between empty polls.
 const FOLLOW_POLL: Duration = Duration::from_millis(500);
+/// How many 421 redirects one CLI request follows before it reports the last one.
+const MAX_REDIRECTS: usize = 3;
 
 struct Client {
     http: reqwest::Client,
@@ -63,15 +65,36 @@ impl Client {
         Ok(Client { http, base: target.url.trim_end_matches('/').to_string(), token: target.token.clone() })
     }
 
+    /// Sends the request, following a 421's `X-Kv-Redirect` (the node that can serve it, as
+    /// a node started with `--forward=false` answers) up to [`MAX_REDIRECTS`] times.
     async fn send(&self, method: reqwest::Method, path: &str, body: Option<Vec<u8>>) -> Result<Answer, String> {
-        let mut req = self.http.request(method, format!("{}{path}", self.base));
+        let mut url = format!("{}{path}", self.base);
+        let mut hops = 0;
+        loop {
+            let answer = self.send_to(method.clone(), &url, body.clone()).await?;
+            if answer.status != reqwest::StatusCode::MISDIRECTED_REQUEST || hops == MAX_REDIRECTS {
+                return Ok(answer);
+            }
+            let next = answer.headers.get("x-kv-redirect").and_then(|v| v.to_str().ok());
+            match next {
+                Some(next) if next.starts_with("http://") || next.starts_with("https://") => {
+                    url = next.to_string();
+                    hops += 1;
+                }
+                _ => return Ok(answer),
+            }
+        }
+    }
+
+    async fn send_to(&self, method: reqwest::Method, url: &str, body: Option<Vec<u8>>) -> Result<Answer, String> {
+        let mut req = self.http.request(method, url);
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
         }
         if let Some(b) = body {
             req = req.header("content-type", "application/json").body(b);
         }
-        let resp = req.send().await.map_err(|e| format!("cannot reach {}: {e}", self.base))?;
+        let resp = req.send().await.map_err(|e| format!("cannot reach {}: {e}", base_of(url)))?;
         let status = resp.status();
         let headers = resp.headers().clone();
         let body = resp.bytes().await.map_err(|e| format!("reading the answer: {e}"))?;
@@ -85,6 +108,12 @@ impl Client {
     async fn json_call(&self, method: reqwest::Method, path: &str, body: &Value) -> Result<Answer, String> {
         self.send(method, path, Some(body.to_string().into_bytes())).await
     }
+}
+
+/// `scheme://host:port` of a URL, for error messages.
+fn base_of(url: &str) -> &str {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    url[after_scheme..].find('/').map_or(url, |i| &url[..after_scheme + i])
 }
 
 /// Percent-encodes a key or topic name as one URL path segment (unreserved bytes stay).
@@ -470,5 +499,12 @@ mod tests {
         assert_eq!(kv_path("t", b".", ""), "/kv/t/Lg?key_encoding=base64url");
         assert_eq!(kv_path("t", b"..", "read=strict"), "/kv/t/Li4?key_encoding=base64url&read=strict");
         assert_eq!(kv_path("a b", b"x/y", ""), "/kv/a%20b/x%2Fy");
+    }
+
+    #[test]
+    fn error_messages_name_the_node_a_url_points_at() {
+        assert_eq!(base_of("http://127.0.0.1:8082/kv/t/k?read=follower"), "http://127.0.0.1:8082");
+        assert_eq!(base_of("https://node-2:8443/"), "https://node-2:8443");
+        assert_eq!(base_of("http://127.0.0.1:8081"), "http://127.0.0.1:8081");
     }
 }

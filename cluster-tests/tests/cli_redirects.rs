@@ -1,0 +1,97 @@
+//! The `logdex` CLI follows a 421's `X-Kv-Redirect`: against a cluster whose nodes answer 421
+//! instead of forwarding (`--forward=false`), every CLI command works from any node.
+
+use std::time::Duration;
+
+use logdex_cluster_tests::Cluster;
+use logdex_cluster_tests::ClusterOptions;
+use logdex_cluster_tests::Error;
+use logdex_cluster_tests::Result;
+use logdex_cluster_tests::client::HEADER_REDIRECT;
+use logdex_cluster_tests::cluster::binary_path;
+use logdex_cluster_tests::ensure;
+use logdex_cluster_tests::ensure_eq;
+
+const NODES: usize = 3;
+/// Bound on one CLI run (its own request timeout is 30 s; a settling cluster answers sooner).
+const CLI_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a CLI command is retried while the cluster settles (no leader yet: 503).
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Runs `logdex <args> --url <url>` and returns (success, stdout, stderr).
+async fn cli(url: &str, args: &[&str]) -> Result<(bool, String, String)> {
+    let mut command = tokio::process::Command::new(binary_path()?);
+    command.args(args).args(["--url", url]).env_remove("LOGDEX_URL").kill_on_drop(true);
+    let out = tokio::time::timeout(CLI_TIMEOUT, command.output())
+        .await
+        .map_err(|_| Error::Check(format!("logdex {args:?} against {url} ran over {CLI_TIMEOUT:?}")))?
+        .map_err(|e| Error::io(format!("running logdex {args:?}"), e))?;
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    Ok((out.status.success(), text(&out.stdout), text(&out.stderr)))
+}
+
+/// [`cli`] until it succeeds; only a 503 (the cluster still electing) is retried.
+async fn cli_ok(url: &str, args: &[&str]) -> Result<String> {
+    let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
+    loop {
+        let (ok, stdout, stderr) = cli(url, args).await?;
+        if ok {
+            return Ok(stdout);
+        }
+        if !stderr.contains("503") || tokio::time::Instant::now() >= deadline {
+            return Err(Error::Check(format!("logdex {args:?} against {url} failed: {stderr}")));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_commands_follow_redirects_of_nodes_that_do_not_forward() -> Result<()> {
+    let options = ClusterOptions {
+        node_env: vec![("LOGDEX_FORWARD".to_string(), "false".to_string())],
+        ..ClusterOptions::plain(NODES)
+    };
+    let cluster = Cluster::start_with(options).await?;
+    let outcome = async {
+        let urls: Vec<String> = cluster.node_ids().into_iter().map(|id| cluster.url(id)).collect();
+        cli_ok(&urls[NODES - 1], &["topic", "create", "users", "--partitions", "1"]).await?;
+        let topic = cluster.wait_for_leaders("users", SETTLE_TIMEOUT).await?;
+        let leader = topic.partitions[0].leader.ok_or_else(|| Error::Check("partition 0 has no leader".into()))?;
+
+        // The nodes really do answer 421 rather than forward: a write to a follower does.
+        let follower = cluster.node_ids().into_iter().find(|id| *id != leader).unwrap_or(leader);
+        let raw = reqwest::Client::new()
+            .put(format!("{}/kv/users/probe", cluster.url(follower)))
+            .body("v")
+            .send()
+            .await
+            .map_err(|e| Error::Check(format!("PUT to node {follower}: {e}")))?;
+        ensure_eq!(raw.status().as_u16(), 421, "a follower's answer to a write with forwarding off");
+        ensure!(raw.headers().contains_key(HEADER_REDIRECT), "the 421 names where to go");
+
+        // Every node takes the CLI's writes, deletes and reads: the CLI goes where the 421 says.
+        for (i, url) in urls.iter().enumerate() {
+            let key = format!("k{i}");
+            let value = format!("from node {}", i + 1);
+            cli_ok(url, &["put", "users", &key, &value]).await?;
+            let got = cli_ok(url, &["get", "users", &key]).await?;
+            ensure_eq!(got.trim_end(), value, "get {key} (linearizable) from {url}");
+            // A follower read is served by the node asked, once its replica has applied the write.
+            let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
+            loop {
+                let (ok, got, stderr) = cli(url, &["get", "users", &key, "--read", "follower"]).await?;
+                if ok && got.trim_end() == value {
+                    break;
+                }
+                ensure!(tokio::time::Instant::now() < deadline, "get {key} --read follower from {url}: {got}{stderr}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        cli_ok(&urls[0], &["del", "users", "k0"]).await?;
+        let (ok, _, stderr) = cli(&urls[1], &["get", "users", "k0"]).await?;
+        ensure!(!ok && stderr.contains("404"), "a deleted key is 404 through any node, got: {stderr}");
+        Ok(())
+    }
+    .await;
+    cluster.finish(outcome)
+}
