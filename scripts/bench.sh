@@ -8,7 +8,9 @@
 #      the load and right before the lookups; once more before the load and after
 #      everything, listed below the table),
 #      get1 (linearizable, strict, follower), getc (linearizable, follower),
-#      get1 and getc again over the gRPC client API; then recovery and rebuild
+#      get1 and getc again over the gRPC client API; writes and linearizable lookups go to
+#      the key's partition leader (`--route leader`, as a Kafka client routes), and once
+#      more to any node (`--route any`, the node forwards; listed below the table); then recovery and rebuild
 #      (a single node of their own with 1,000,000 keys);
 #   4. a 3-node NATS JetStream cluster, KV bucket with 3 replicas: load, get1
 #      (direct get), getc;
@@ -162,6 +164,12 @@ echo "bench: logdex bench get1/getc --protocol grpc"
   --keys "$KEYS" --value-bytes "$VALUE_BYTES" --json | tee -a "$RESULTS"
 "$LOGDEX" bench getc --protocol grpc --read linearizable,follower --concurrency "$CONCURRENCY" \
   --duration-secs "$DURATION_SECS" "${GRPC_URLS[@]}" --keys "$KEYS" --value-bytes "$VALUE_BYTES" --json | tee -a "$RESULTS"
+# The same writes and linearizable lookups from a client that does not know the leaders:
+# requests rotate over the nodes, which forward them to the leader (listed below the table).
+run_logdex get1 --read linearizable,strict --requests "$GET1_REQUESTS" --route any --label logdex-any-node
+run_logdex getc --read linearizable --concurrency "$CONCURRENCY" --duration-secs "$DURATION_SECS" \
+  --route any --label logdex-any-node
+run_logdex load --concurrency "$CONCURRENCY" --topic bench-any-node --route any --label logdex-any-node
 # The floor again after the load, to show the machine did not change under the run.
 run_logdex noop --concurrency 1 --requests "$GET1_REQUESTS" --label floor-after
 du -sh "$WORK"/logdex-* | sed 's/^/bench: data /'

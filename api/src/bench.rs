@@ -1,6 +1,7 @@
 //! `logdex bench`: load, lookup and floor workloads against a running cluster,
 //! over HTTP keep-alive connections (one pooled `reqwest` client, the way a
-//! real client calls it) or over the gRPC client API (`--protocol grpc`, one
+//! real client calls it; writes and linearizable lookups go to the key's
+//! partition leader, as a Kafka client routes, unless `--route any`) or over the gRPC client API (`--protocol grpc`, one
 //! channel per node, requests multiplexed over HTTP/2), with latency
 //! percentiles from a log-linear (HDR-style) histogram; and the restart
 //! workloads of `bench_restart` (recovery, rebuild) on a node of their own. `logdex bench report` turns the JSON lines of one
@@ -37,13 +38,21 @@ pub struct BenchArgs {
     /// table from JSON-lines files given with --input).
     #[arg(value_enum)]
     pub workload: Workload,
-    /// A node's URL; repeat for several (requests rotate over them). With `--protocol grpc`, the
+    /// A node's URL; repeat for several (requests rotate over them, or go to a partition's
+    /// leader: see --route). With `--protocol grpc`, the
     /// node's RPC address (`http://HOST:RPC_PORT`, where the gRPC client API is served).
     #[arg(long = "url", default_value = "http://127.0.0.1:8081")]
     pub urls: Vec<String>,
     /// How load, get1 and getc reach the nodes: HTTP/1.1 keep-alive, or the gRPC client API.
     #[arg(long, value_enum, default_value_t = Protocol::Http)]
     pub protocol: Protocol,
+    /// Which node a write or a linearizable or strict lookup is sent to over HTTP: `leader`, the
+    /// node leading the key's partition, as a Kafka client routes (the partition from Kafka's
+    /// murmur2 partitioner, leaders from `GET /topics/{topic}`, each --url's node id from
+    /// `GET /cluster`; a partition led by a node not given with --url rotates); or `any`, rotating
+    /// over the --url nodes, which forward to the leader. Follower reads and gRPC always rotate.
+    #[arg(long, value_enum, default_value_t = Route::Leader)]
+    pub route: Route,
     /// With `--protocol grpc`: a node's HTTP URL, used by load to create the topic (without it,
     /// the topic must exist).
     #[arg(long)]
@@ -123,6 +132,16 @@ pub enum Protocol {
     Grpc,
 }
 
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    Leader,
+    Any,
+}
+
+/// How long load, get1 and getc wait for every partition of the topic to have a leader before
+/// they start (a partition still without one is rotated over the nodes).
+const LEADERS_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Keys of load, get1 and getc when `--keys` is not given.
 pub const DEFAULT_KEYS: u64 = 100_000;
 
@@ -189,8 +208,8 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
                 duration: Duration::from_secs(args.duration_secs.unwrap_or(300)),
                 warmup_requests: 0,
             };
-            let op = Op::Put { prefixes: kv_prefixes(&urls, &args.topic) };
-            runs.push((None, plan, op));
+            let targets = Targets::new(&http, &urls, &args.topic, args.route, args.protocol).await?;
+            runs.push((None, plan, Op::Put { targets }));
         }
         Workload::Get1 | Workload::Getc => {
             let mut modes = args.read.clone();
@@ -211,8 +230,9 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
                     bounded(concurrency, None, 10, 10)
                 };
                 let query = format!("?read={mode}");
-                let op = Op::Get { prefixes: kv_prefixes(&urls, &args.topic), query, mode: mode.clone() };
-                runs.push((Some(mode), plan, op));
+                let route = if mode == "follower" { Route::Any } else { args.route };
+                let targets = Targets::new(&http, &urls, &args.topic, route, args.protocol).await?;
+                runs.push((Some(mode.clone()), plan, Op::Get { targets, query, mode }));
             }
         }
         Workload::Noop => {
@@ -237,8 +257,10 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         });
         let progress_name = format!("{workload} {}", read.as_deref().unwrap_or(""));
         let (stats, elapsed) = drive(&ctx, &plan, progress_name.trim()).await;
+        let routed = matches!(&ctx.op, Op::Put { targets } | Op::Get { targets, .. } if targets.leaders.is_some());
         let mut report = stats.report(&label, &workload, read, plan.concurrency, elapsed);
         report.protocol = (args.protocol == Protocol::Grpc).then(|| "grpc".to_string());
+        report.route = routed.then(|| "leader".to_string());
         print_report(&report, args.json)?;
         if report.ok == 0 {
             return Err(format!("no request succeeded: {}", report.first_error.unwrap_or_default()));
@@ -258,9 +280,9 @@ struct Plan {
 
 enum Op {
     /// `PUT {prefix}key-%08d` for key `seq`, value of `value_bytes` random bytes.
-    Put { prefixes: Vec<String> },
+    Put { targets: Targets },
     /// `GET {prefix}key-%08d?read={mode}` for a uniformly random key.
-    Get { prefixes: Vec<String>, query: String, mode: String },
+    Get { targets: Targets, query: String, mode: String },
     /// `GET {url}` (the no-work handler).
     Noop { urls: Vec<String> },
 }
@@ -281,8 +303,89 @@ enum Outcome {
     Error(String),
 }
 
-fn kv_prefixes(urls: &[String], topic: &str) -> Vec<String> {
-    urls.iter().map(|u| format!("{u}/kv/{topic}/")).collect()
+/// Where the requests of load, get1 and getc go over HTTP.
+struct Targets {
+    /// `{url}/kv/{topic}/` of each --url node.
+    prefixes: Vec<String>,
+    /// With `--route leader`: per partition, the index in `prefixes` of the node leading it
+    /// (`None`: a leader unknown or not among the --url nodes; such keys rotate).
+    leaders: Option<Vec<Option<usize>>>,
+}
+
+impl Targets {
+    async fn new(
+        http: &reqwest::Client,
+        urls: &[String],
+        topic: &str,
+        route: Route,
+        protocol: Protocol,
+    ) -> Result<Targets, String> {
+        let prefixes =
+            urls.iter().map(|u| format!("{u}/kv/{}/", crate::client::encode_key(topic.as_bytes()))).collect();
+        let leaders = match (route, protocol) {
+            (Route::Leader, Protocol::Http) => Some(partition_leaders(http, urls, topic).await?),
+            _ => None,
+        };
+        Ok(Targets { prefixes, leaders })
+    }
+
+    /// The prefix of `key`'s request: its partition leader's, else `rotate(nodes)`'s.
+    fn prefix(&self, key: &[u8], rotate: impl Fn(usize) -> usize) -> &str {
+        let leader = self.leaders.as_ref().and_then(|leaders| {
+            let partition = crate::murmur2::partition_for_key(key, leaders.len() as u32) as usize;
+            leaders.get(partition).copied().flatten()
+        });
+        &self.prefixes[leader.unwrap_or_else(|| rotate(self.prefixes.len()))]
+    }
+}
+
+/// Per partition of `topic`, the index in `urls` of the node leading it: each URL's node id
+/// from `GET /cluster`, the leaders from `GET /topics/{topic}`, waiting up to
+/// [`LEADERS_TIMEOUT`] for every partition to have one.
+async fn partition_leaders(http: &reqwest::Client, urls: &[String], topic: &str) -> Result<Vec<Option<usize>>, String> {
+    let get_json = |url: String| async move {
+        let resp = http.get(&url).send().await.map_err(|e| format!("GET {url}: {e}"))?;
+        let status = resp.status();
+        let body = resp.bytes().await.map_err(|e| format!("GET {url}: {e}"))?;
+        if !status.is_success() {
+            return Err(format!("GET {url}: {status} {}", String::from_utf8_lossy(&body)));
+        }
+        serde_json::from_slice::<serde_json::Value>(&body).map_err(|e| format!("GET {url}: not JSON: {e}"))
+    };
+    let mut node_index = std::collections::HashMap::new();
+    for (i, url) in urls.iter().enumerate() {
+        let cluster = get_json(format!("{url}/cluster")).await?;
+        let id = cluster["node_id"].as_u64().ok_or_else(|| format!("GET {url}/cluster names no node_id"))?;
+        node_index.entry(id).or_insert(i);
+    }
+    let deadline = Instant::now() + LEADERS_TIMEOUT;
+    loop {
+        let topic_url = format!("{}/topics/{}", urls[0], crate::client::encode_key(topic.as_bytes()));
+        let description = get_json(topic_url).await?;
+        let partitions = description["partitions"].as_array().cloned().unwrap_or_default();
+        let mut leaders = vec![None; partitions.len()];
+        let mut leaderless = 0;
+        for p in &partitions {
+            let leader = p["leader"].as_u64();
+            leaderless += usize::from(leader.is_none());
+            let slot = p["partition"].as_u64().and_then(|n| leaders.get_mut(n as usize));
+            if let Some(slot) = slot {
+                *slot = leader.and_then(|id| node_index.get(&id).copied());
+            }
+        }
+        if partitions.is_empty() {
+            return Err(format!("topic {topic} has no partitions"));
+        }
+        if leaderless == 0 || Instant::now() >= deadline {
+            if leaderless > 0 {
+                eprintln!(
+                    "bench: {leaderless} partitions of {topic} have no leader yet; their keys rotate over the nodes"
+                );
+            }
+            return Ok(leaders);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 type GrpcClient = crate::grpc::pb::logdex_client::LogdexClient<tonic::transport::Channel>;
@@ -396,15 +499,15 @@ async fn one(ctx: &Ctx, worker: usize, seq: u64) -> Outcome {
         return one_grpc(ctx, clients[pick(clients.len())].clone(), seq).await;
     }
     let request = match &ctx.op {
-        Op::Put { prefixes } => {
+        Op::Put { targets } => {
             let mut value = vec![0u8; ctx.value_bytes];
             rand::rng().fill(&mut value[..]);
-            let key = if seq >= ctx.keys { seq % ctx.keys.max(1) } else { seq };
-            ctx.http.put(format!("{}key-{key:08}", prefixes[pick(prefixes.len())])).body(value)
+            let key = format!("key-{:08}", if seq >= ctx.keys { seq % ctx.keys.max(1) } else { seq });
+            ctx.http.put(format!("{}{key}", targets.prefix(key.as_bytes(), pick))).body(value)
         }
-        Op::Get { prefixes, query, .. } => {
-            let key = rand::rng().random_range(0..ctx.keys.max(1));
-            ctx.http.get(format!("{}key-{key:08}{query}", prefixes[pick(prefixes.len())]))
+        Op::Get { targets, query, .. } => {
+            let key = format!("key-{:08}", rand::rng().random_range(0..ctx.keys.max(1)));
+            ctx.http.get(format!("{}{key}{query}", targets.prefix(key.as_bytes(), pick)))
         }
         Op::Noop { urls } => ctx.http.get(&urls[pick(urls.len())]),
     };
@@ -691,5 +794,25 @@ mod tests {
         assert!(!table.contains("| load"), "a labelled run is not a row of the table: {table}");
         assert!(table.contains("| nats | logdex/floor | logdex/nats |"), "a labelled run is not the peer: {table}");
         Ok(())
+    }
+
+    #[test]
+    fn leader_route_sends_a_key_to_its_partition_leader_and_rotates_the_rest() {
+        let prefixes = vec!["http://n1/kv/t/".to_string(), "http://n2/kv/t/".to_string()];
+        // Partition 0 is led by the second node; partition 1's leader is not a --url node.
+        let targets = Targets { prefixes: prefixes.clone(), leaders: Some(vec![Some(1), None]) };
+        let keys: Vec<String> = (0..64).map(|i| format!("key-{i:08}")).collect();
+        let in_partition =
+            |p: u32| keys.iter().filter(move |k| crate::murmur2::partition_for_key(k.as_bytes(), 2) == p);
+        for key in in_partition(0) {
+            assert_eq!(targets.prefix(key.as_bytes(), |_| 0), prefixes[1], "{key} goes to its leader");
+        }
+        assert!(in_partition(1).count() > 0, "some test key falls in partition 1");
+        for key in in_partition(1) {
+            assert_eq!(targets.prefix(key.as_bytes(), |n| 2 % n), prefixes[0], "{key} rotates");
+            assert_eq!(targets.prefix(key.as_bytes(), |n| 3 % n), prefixes[1], "{key} rotates");
+        }
+        let rotating = Targets { prefixes: prefixes.clone(), leaders: None };
+        assert_eq!(rotating.prefix(b"key-00000000", |n| 5 % n), prefixes[1]);
     }
 }

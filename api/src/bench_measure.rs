@@ -36,6 +36,10 @@ pub struct RunReport {
     /// `grpc` for a run over the gRPC client API; absent for HTTP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<String>,
+    /// `leader` when each request went to its key's partition leader (`--route leader`); absent
+    /// when requests rotated over the nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<String>,
 }
 
 pub struct Shared {
@@ -129,6 +133,7 @@ impl Stats {
             max_us: self.latency.max_ns as f64 / 1000.0,
             first_error: self.first_error.clone(),
             protocol: None,
+            route: None,
         }
     }
 }
@@ -212,6 +217,10 @@ pub fn print_report(r: &RunReport, json: bool) -> Result<(), String> {
         let read = r.read.as_deref().map(|m| format!(" read={m}")).unwrap_or_default();
         let read = match &r.protocol {
             Some(p) => format!("{read} protocol={p}"),
+            None => read,
+        };
+        let read = match &r.route {
+            Some(route) => format!("{read} route={route}"),
             None => read,
         };
         let error = r.first_error.as_deref().map(|e| format!(" (first error: {e})")).unwrap_or_default();
