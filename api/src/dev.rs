@@ -33,6 +33,10 @@ pub async fn dev(args: DevArgs) -> Result<(), String> {
         peers.push(format!("{i}@127.0.0.1:{}", port(args.rpc_port, i)?));
     }
     let peers = peers.join(",");
+    // Listening before the first node starts: Ctrl-C or SIGTERM while they start stops them too.
+    let stop = crate::serve::shutdown_signal();
+    tokio::pin!(stop);
+    let parent_pid = std::process::id().to_string();
     let mut children = Vec::new();
     for i in 1..=args.nodes {
         let dir = args.data_dir.join(format!("node-{i}"));
@@ -46,8 +50,10 @@ pub async fn dev(args: DevArgs) -> Result<(), String> {
             .args(["--http-addr", &format!("127.0.0.1:{}", port(args.http_port, i)?)])
             .args(["--rpc-addr", &format!("127.0.0.1:{}", port(args.rpc_port, i)?)])
             .args(["--peers", &peers])
-            // Nodes stop with `dev`, also when it is killed and cannot stop them.
+            // Nodes stop with `dev`, also when it is killed and cannot stop them, even before
+            // they have started to run.
             .arg("--exit-with-parent")
+            .args(["--parent-pid", &parent_pid])
             // One object store for the cluster: topics may turn tiered storage on.
             .arg("--tiered-store")
             .arg(args.data_dir.join("tiered"))
@@ -60,7 +66,19 @@ pub async fn dev(args: DevArgs) -> Result<(), String> {
         children.push(child);
     }
     println!("starting {} nodes, data under {} ...", args.nodes, args.data_dir.display());
-    wait_ready(&mut children, &args).await?;
+    tokio::select! {
+        ready = wait_ready(&mut children, &args) => {
+            if let Err(e) = ready {
+                stop_nodes(children).await;
+                return Err(e);
+            }
+        }
+        () = &mut stop => {
+            println!("interrupted while the nodes started; stopping {} nodes", children.len());
+            stop_nodes(children).await;
+            return Ok(());
+        }
+    }
     println!("logdex dev cluster: {} nodes ready, data under {}", args.nodes, args.data_dir.display());
     for i in 1..=args.nodes {
         println!(
@@ -70,8 +88,14 @@ pub async fn dev(args: DevArgs) -> Result<(), String> {
         );
     }
     println!("Ctrl-C stops every node.");
-    crate::serve::shutdown_signal().await;
+    stop.await;
     println!("stopping {} nodes", children.len());
+    stop_nodes(children).await;
+    Ok(())
+}
+
+/// Stops the nodes cleanly (SIGTERM), killing any that has not exited after 10 s.
+async fn stop_nodes(children: Vec<tokio::process::Child>) {
     for child in &children {
         if let Some(pid) = child.id() {
             let _ = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
@@ -82,7 +106,6 @@ pub async fn dev(args: DevArgs) -> Result<(), String> {
             let _ = child.kill().await;
         }
     }
-    Ok(())
 }
 
 /// Waits (bounded) until every node answers `/readyz`; fails, naming the node

@@ -127,22 +127,34 @@ pub struct ServeArgs {
     /// (`logdex dev` sets it for its nodes).
     #[arg(long, env = "LOGDEX_EXIT_WITH_PARENT")]
     pub exit_with_parent: bool,
+    /// With --exit-with-parent: the PID of the process that starts this node. The node stops
+    /// as soon as its parent is another process, also when that one exited before the node
+    /// began to run [default: the node's parent when it starts].
+    #[arg(long, env = "LOGDEX_PARENT_PID", requires = "exit_with_parent")]
+    pub parent_pid: Option<u32>,
 }
 
-/// Resolves once this process's parent is gone (it was re-parented), polling twice a second.
-async fn parent_gone() {
+/// Resolves once this process's parent is not `parent` (it exited and this process was
+/// re-parented), looking at once and then twice a second.
+async fn parent_gone(parent: u32) {
     #[cfg(unix)]
-    {
-        let parent = std::os::unix::process::parent_id();
-        loop {
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-            if std::os::unix::process::parent_id() != parent {
-                return;
-            }
-        }
+    while std::os::unix::process::parent_id() == parent {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
     #[cfg(not(unix))]
-    std::future::pending::<()>().await
+    {
+        let _ = parent;
+        std::future::pending::<()>().await
+    }
+}
+
+/// The parent process `--exit-with-parent` follows: `--parent-pid`, else the parent now.
+fn followed_parent(args: &ServeArgs) -> Option<u32> {
+    #[cfg(unix)]
+    let current = std::os::unix::process::parent_id();
+    #[cfg(not(unix))]
+    let current = 0;
+    args.exit_with_parent.then(|| args.parent_pid.unwrap_or(current))
 }
 
 /// The runtime's worker threads for `--worker-threads requested` on a machine of `cores`.
@@ -349,23 +361,34 @@ pub async fn start(args: ServeArgs) -> Result<RunningNode, String> {
 
 /// `logdex serve`: runs until Ctrl-C or SIGTERM, then shuts down cleanly.
 pub async fn serve(args: ServeArgs) -> Result<(), String> {
+    // Read first: a parent that exits while the node starts must still be noticed.
+    let followed_parent = followed_parent(&args);
     init_tracing(&args.log);
     // Test builds only: arm the crash points named in FAILPOINTS (see crash_points.rs).
     #[cfg(feature = "failpoints")]
     crate::crash_points::arm();
-    let exit_with_parent = args.exit_with_parent;
-    let running = start(args).await?;
+    // Listening from here on: Ctrl-C or SIGTERM while the node starts stops it too.
+    let stop = shutdown_signal();
+    tokio::pin!(stop);
+    let running = tokio::select! {
+        running = start(args) => running?,
+        () = &mut stop => {
+            tracing::info!("stopped while starting");
+            return Ok(());
+        }
+    };
     let node = running.node.clone();
     let parent = async {
-        if exit_with_parent {
-            parent_gone().await;
-            tracing::warn!("the process that started this node is gone; stopping");
-        } else {
-            std::future::pending::<()>().await;
+        match followed_parent {
+            Some(pid) => {
+                parent_gone(pid).await;
+                tracing::warn!(parent = pid, "the process that started this node is gone; stopping");
+            }
+            None => std::future::pending::<()>().await,
         }
     };
     let refused = tokio::select! {
-        () = shutdown_signal() => None,
+        () = stop => None,
         () = parent => None,
         reason = node.fatal() => Some(reason),
     };
@@ -387,25 +410,33 @@ fn tokio_stream_incoming(
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Resolves on Ctrl-C (SIGINT) or SIGTERM. The handlers are installed when this is called,
+/// so a signal that comes before the future is first awaited still counts.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
+        use tokio::signal::unix::SignalKind;
+        use tokio::signal::unix::signal;
+        let interrupt = signal(SignalKind::interrupt());
+        let terminate = signal(SignalKind::terminate());
+        async move {
+            match (interrupt, terminate) {
+                (Ok(mut interrupt), Ok(mut terminate)) => {
+                    tokio::select! {
+                        _ = interrupt.recv() => {}
+                        _ = terminate.recv() => {}
+                    }
+                }
+                // No signal handling (never on Linux): Ctrl-C as tokio offers it.
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
         }
     }
     #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+    async {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
 

@@ -1,0 +1,136 @@
+//! Nodes never outlive the process that started them with `--exit-with-parent`, and
+//! `logdex dev` stops its nodes also when it is interrupted while they start.
+
+use std::net::SocketAddr;
+use std::net::TcpListener;
+use std::path::Path;
+use std::time::Duration;
+
+use logdex_cluster_tests::Error;
+use logdex_cluster_tests::Result;
+use logdex_cluster_tests::cluster::binary_path;
+use logdex_cluster_tests::ensure;
+
+/// How long a node may take to notice its parent is gone and stop (it starts, then looks).
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Random port bases tried before giving up.
+const PORT_PICKS: usize = 200;
+
+/// A base port `p` with `p..p + count` free on 127.0.0.1 right now.
+fn free_port_run(count: u16) -> Result<u16> {
+    use rand::Rng as _;
+    let mut rng = rand::rng();
+    for _ in 0..PORT_PICKS {
+        let base: u16 = rng.random_range(20_000..30_000);
+        let bound: Vec<TcpListener> =
+            (0..count).filter_map(|i| TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], base + i))).ok()).collect();
+        if bound.len() == usize::from(count) {
+            return Ok(base);
+        }
+    }
+    Err(Error::Check(format!("no {count} consecutive free ports found in {PORT_PICKS} tries")))
+}
+
+/// True while process `pid` runs (an exited, unreaped process counts as gone).
+fn running(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // `pid (comm) state ...`: the state follows the last `)`.
+        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
+    }
+}
+
+/// PIDs of running processes whose command line mentions `needle`.
+fn processes_mentioning(needle: &Path) -> Vec<u32> {
+    let needle = needle.to_string_lossy().into_owned();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmd| String::from_utf8_lossy(&cmd).contains(&needle) && running(*pid))
+        })
+        .collect()
+}
+
+/// Waits until none of `pids` runs; kills (SIGKILL) what still runs at the deadline and fails.
+async fn wait_all_gone(pids: &[u32], what: &str) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + STOP_TIMEOUT;
+    while pids.iter().any(|pid| running(*pid)) {
+        if tokio::time::Instant::now() >= deadline {
+            let alive: Vec<u32> = pids.iter().copied().filter(|pid| running(*pid)).collect();
+            for pid in &alive {
+                let _ = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            }
+            return Err(Error::Check(format!("{what}: processes {alive:?} still ran after {STOP_TIMEOUT:?}")));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_stops_when_its_parent_exited_before_the_node_began_to_run() -> Result<()> {
+    let dir = tempfile::tempdir().map_err(|e| Error::io("creating a temp dir", e))?;
+    let base = free_port_run(2)?;
+    // The shell starts the node in the background and exits at once: the node is re-parented
+    // before it runs, so only the parent PID it is given (`$$`, the shell) can tell.
+    let script = format!(
+        "'{bin}' serve --node-id 1 --data-dir '{data}' --http-addr 127.0.0.1:{base} --rpc-addr 127.0.0.1:{rpc} \
+         --exit-with-parent --parent-pid $$ >'{log}' 2>&1 & echo $!",
+        bin = binary_path()?.display(),
+        data = dir.path().join("data").display(),
+        rpc = base + 1,
+        log = dir.path().join("node.log").display(),
+    );
+    let out = tokio::process::Command::new("sh")
+        .args(["-c", &script])
+        .output()
+        .await
+        .map_err(|e| Error::io("running sh", e))?;
+    let pid: u32 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .map_err(|e| Error::Check(format!("the shell printed no node PID ({e}): {out:?}")))?;
+    wait_all_gone(&[pid], "a node whose parent exited").await?;
+    let log = std::fs::read_to_string(dir.path().join("node.log")).unwrap_or_default();
+    ensure!(log.contains("the process that started this node is gone"), "the node says why it stopped: {log}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_interrupted_while_its_nodes_start_leaves_no_node_running() -> Result<()> {
+    let dir = tempfile::tempdir().map_err(|e| Error::io("creating a temp dir", e))?;
+    let data = dir.path().join("dev");
+    let http = free_port_run(3)?;
+    let rpc = free_port_run(3)?;
+    let mut dev = tokio::process::Command::new(binary_path()?)
+        .arg("dev")
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--http-port", &http.to_string(), "--rpc-port", &rpc.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| Error::io("starting logdex dev", e))?;
+    let dev_pid = dev.id().ok_or_else(|| Error::Check("logdex dev exited at once".into()))?;
+    // Wait until dev has started its nodes, then interrupt it before they are ready.
+    let deadline = tokio::time::Instant::now() + STOP_TIMEOUT;
+    let nodes = loop {
+        let mut nodes = processes_mentioning(&data);
+        nodes.retain(|pid| *pid != dev_pid);
+        if nodes.len() == 3 || tokio::time::Instant::now() >= deadline {
+            break nodes;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let _ = std::process::Command::new("kill").args(["-INT", &dev_pid.to_string()]).status();
+    let status = tokio::time::timeout(STOP_TIMEOUT, dev.wait())
+        .await
+        .map_err(|_| Error::Check("logdex dev did not exit after SIGINT".into()))?
+        .map_err(|e| Error::io("waiting for logdex dev", e))?;
+    ensure!(nodes.len() == 3, "dev started 3 nodes, saw {nodes:?}");
+    wait_all_gone(&nodes, "the nodes of an interrupted logdex dev").await?;
+    ensure!(status.success(), "an interrupted dev exits cleanly, got {status}");
+    Ok(())
+}
