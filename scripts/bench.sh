@@ -159,6 +159,8 @@ run_logdex getc --read linearizable,follower --concurrency "$CONCURRENCY" --dura
 # The same lookups over the gRPC client API (served on the RPC ports).
 GRPC_URLS=()
 for p in "${RPC_PORTS[@]}"; do GRPC_URLS+=(--url "http://127.0.0.1:$p"); done
+# The admin URL tells the gRPC runs which node leads each partition.
+GRPC_URLS+=(--admin-url "http://127.0.0.1:${HTTP_PORTS[0]}")
 echo "bench: logdex bench get1/getc --protocol grpc"
 "$LOGDEX" bench get1 --protocol grpc --read linearizable,follower --requests "$GET1_REQUESTS" "${GRPC_URLS[@]}" \
   --keys "$KEYS" --value-bytes "$VALUE_BYTES" --json | tee -a "$RESULTS"

@@ -11,6 +11,7 @@
 //! Every run is bounded by a request count and by a duration, whichever comes
 //! first. Timestamps come from `std::time::Instant`.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -29,6 +30,7 @@ use crate::bench_measure::Stats;
 use crate::bench_measure::print_report;
 use crate::bench_measure::progress_task;
 use crate::bench_restart::RestartReport;
+use crate::client::encode_key;
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -46,15 +48,17 @@ pub struct BenchArgs {
     /// How load, get1 and getc reach the nodes: HTTP/1.1 keep-alive, or the gRPC client API.
     #[arg(long, value_enum, default_value_t = Protocol::Http)]
     pub protocol: Protocol,
-    /// Which node a write or a linearizable or strict lookup is sent to over HTTP: `leader`, the
-    /// node leading the key's partition, as a Kafka client routes (the partition from Kafka's
+    /// Which node a write or a linearizable or strict lookup is sent to: `leader`, the node
+    /// leading the key's partition, as a Kafka client routes (the partition from Kafka's
     /// murmur2 partitioner, leaders from `GET /topics/{topic}`, each --url's node id from
-    /// `GET /cluster`; a partition led by a node not given with --url rotates); or `any`, rotating
-    /// over the --url nodes, which forward to the leader. Follower reads and gRPC always rotate.
+    /// `GET /cluster`; over gRPC both from --admin-url, which is needed for it, the --url
+    /// nodes matched by their RPC address; a partition led by a node not given with --url
+    /// rotates); or `any`, rotating over the --url nodes, which forward to the leader. Follower
+    /// reads always rotate.
     #[arg(long, value_enum, default_value_t = Route::Leader)]
     pub route: Route,
     /// With `--protocol grpc`: a node's HTTP URL, used by load to create the topic (without it,
-    /// the topic must exist).
+    /// the topic must exist) and to find the partition leaders (without it, requests rotate).
     #[arg(long)]
     pub admin_url: Option<String>,
     /// recovery and rebuild: the data directory of the node they start (new or empty; kept after
@@ -208,7 +212,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
                 duration: Duration::from_secs(args.duration_secs.unwrap_or(300)),
                 warmup_requests: 0,
             };
-            let targets = Targets::new(&http, &urls, &args.topic, args.route, args.protocol).await?;
+            let targets = Targets::new(&http, &urls, &args, args.route).await?;
             runs.push((None, plan, Op::Put { targets }));
         }
         Workload::Get1 | Workload::Getc => {
@@ -231,7 +235,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
                 };
                 let query = format!("?read={mode}");
                 let route = if mode == "follower" { Route::Any } else { args.route };
-                let targets = Targets::new(&http, &urls, &args.topic, route, args.protocol).await?;
+                let targets = Targets::new(&http, &urls, &args, route).await?;
                 runs.push((Some(mode.clone()), plan, Op::Get { targets, query, mode }));
             }
         }
@@ -303,65 +307,89 @@ enum Outcome {
     Error(String),
 }
 
-/// Where the requests of load, get1 and getc go over HTTP.
+/// Which node each request of load, get1 and getc goes to.
 struct Targets {
-    /// `{url}/kv/{topic}/` of each --url node.
+    /// `{url}/kv/{topic}/` of each --url node (over HTTP).
     prefixes: Vec<String>,
-    /// With `--route leader`: per partition, the index in `prefixes` of the node leading it
-    /// (`None`: a leader unknown or not among the --url nodes; such keys rotate).
+    /// With `--route leader`: per partition, the index in the --url list of the node leading
+    /// it (`None`: a leader unknown or not among the --url nodes; such keys rotate).
     leaders: Option<Vec<Option<usize>>>,
 }
 
 impl Targets {
-    async fn new(
-        http: &reqwest::Client,
-        urls: &[String],
-        topic: &str,
-        route: Route,
-        protocol: Protocol,
-    ) -> Result<Targets, String> {
-        let prefixes =
-            urls.iter().map(|u| format!("{u}/kv/{}/", crate::client::encode_key(topic.as_bytes()))).collect();
-        let leaders = match (route, protocol) {
-            (Route::Leader, Protocol::Http) => Some(partition_leaders(http, urls, topic).await?),
-            _ => None,
+    async fn new(http: &reqwest::Client, urls: &[String], args: &BenchArgs, route: Route) -> Result<Targets, String> {
+        let topic = encode_key(args.topic.as_bytes());
+        let prefixes = urls.iter().map(|u| format!("{u}/kv/{topic}/")).collect();
+        let leaders = match (route, args.protocol, &args.admin_url) {
+            (Route::Any, _, _) => None,
+            (Route::Leader, Protocol::Http, _) => {
+                let mut nodes = HashMap::new();
+                for (i, url) in urls.iter().enumerate() {
+                    let cluster = get_json(http, &format!("{url}/cluster")).await?;
+                    let id =
+                        cluster["node_id"].as_u64().ok_or_else(|| format!("GET {url}/cluster names no node_id"))?;
+                    nodes.entry(id).or_insert(i);
+                }
+                Some(partition_leaders(http, &urls[0], &args.topic, &nodes).await?)
+            }
+            (Route::Leader, Protocol::Grpc, Some(admin)) => {
+                // The gRPC --url of a node is its RPC address, as `GET /cluster` lists it.
+                let admin = admin.trim_end_matches('/');
+                let cluster = get_json(http, &format!("{admin}/cluster")).await?;
+                let authority =
+                    |u: &str| u.split_once("://").map_or(u, |(_, rest)| rest).trim_end_matches('/').to_string();
+                let mut nodes = HashMap::new();
+                for node in cluster["nodes"].as_array().into_iter().flatten() {
+                    let (Some(id), Some(rpc)) = (node["node_id"].as_u64(), node["rpc_addr"].as_str()) else { continue };
+                    if let Some(i) = urls.iter().position(|u| authority(u) == rpc) {
+                        nodes.insert(id, i);
+                    }
+                }
+                Some(partition_leaders(http, admin, &args.topic, &nodes).await?)
+            }
+            (Route::Leader, Protocol::Grpc, None) => {
+                eprintln!("bench: without --admin-url the gRPC requests rotate over the nodes (it finds the leaders)");
+                None
+            }
         };
         Ok(Targets { prefixes, leaders })
     }
 
-    /// The prefix of `key`'s request: its partition leader's, else `rotate(nodes)`'s.
-    fn prefix(&self, key: &[u8], rotate: impl Fn(usize) -> usize) -> &str {
+    /// The index of the node `key`'s request goes to: its partition leader, else
+    /// `rotate(number of nodes)`.
+    fn node(&self, key: &[u8], rotate: impl Fn(usize) -> usize) -> usize {
         let leader = self.leaders.as_ref().and_then(|leaders| {
             let partition = crate::murmur2::partition_for_key(key, leaders.len() as u32) as usize;
             leaders.get(partition).copied().flatten()
         });
-        &self.prefixes[leader.unwrap_or_else(|| rotate(self.prefixes.len()))]
+        leader.unwrap_or_else(|| rotate(self.prefixes.len()))
     }
 }
 
-/// Per partition of `topic`, the index in `urls` of the node leading it: each URL's node id
-/// from `GET /cluster`, the leaders from `GET /topics/{topic}`, waiting up to
-/// [`LEADERS_TIMEOUT`] for every partition to have one.
-async fn partition_leaders(http: &reqwest::Client, urls: &[String], topic: &str) -> Result<Vec<Option<usize>>, String> {
-    let get_json = |url: String| async move {
-        let resp = http.get(&url).send().await.map_err(|e| format!("GET {url}: {e}"))?;
-        let status = resp.status();
-        let body = resp.bytes().await.map_err(|e| format!("GET {url}: {e}"))?;
-        if !status.is_success() {
-            return Err(format!("GET {url}: {status} {}", String::from_utf8_lossy(&body)));
-        }
-        serde_json::from_slice::<serde_json::Value>(&body).map_err(|e| format!("GET {url}: not JSON: {e}"))
-    };
-    let mut node_index = std::collections::HashMap::new();
-    for (i, url) in urls.iter().enumerate() {
-        let cluster = get_json(format!("{url}/cluster")).await?;
-        let id = cluster["node_id"].as_u64().ok_or_else(|| format!("GET {url}/cluster names no node_id"))?;
-        node_index.entry(id).or_insert(i);
+/// `GET url` as JSON; a non-2xx answer is an error.
+async fn get_json(http: &reqwest::Client, url: &str) -> Result<serde_json::Value, String> {
+    let resp = http.get(url).send().await.map_err(|e| format!("GET {url}: {e}"))?;
+    let status = resp.status();
+    let body = resp.bytes().await.map_err(|e| format!("GET {url}: {e}"))?;
+    if !status.is_success() {
+        return Err(format!("GET {url}: {status} {}", String::from_utf8_lossy(&body)));
     }
+    serde_json::from_slice(&body).map_err(|e| format!("GET {url}: not JSON: {e}"))
+}
+
+/// Per partition of `topic`, the index of the node leading it (`nodes`: node id to index),
+/// from `GET {url}/topics/{topic}`, waiting up to [`LEADERS_TIMEOUT`] for every partition to
+/// have a leader.
+async fn partition_leaders(
+    http: &reqwest::Client,
+    url: &str,
+    topic: &str,
+    nodes: &HashMap<u64, usize>,
+) -> Result<Vec<Option<usize>>, String> {
     let deadline = Instant::now() + LEADERS_TIMEOUT;
+    let topic_url = format!("{url}/topics/{}", encode_key(topic.as_bytes()));
     loop {
-        let topic_url = format!("{}/topics/{}", urls[0], crate::client::encode_key(topic.as_bytes()));
-        let description = get_json(topic_url).await?;
+        let description = get_json(http, &topic_url).await?;
         let partitions = description["partitions"].as_array().cloned().unwrap_or_default();
         if partitions.is_empty() {
             return Err(format!("topic {topic} has no partitions"));
@@ -373,7 +401,7 @@ async fn partition_leaders(http: &reqwest::Client, urls: &[String], topic: &str)
             leaderless += usize::from(leader.is_none());
             let slot = p["partition"].as_u64().and_then(|n| leaders.get_mut(n as usize));
             if let Some(slot) = slot {
-                *slot = leader.and_then(|id| node_index.get(&id).copied());
+                *slot = leader.and_then(|id| nodes.get(&id).copied());
             }
         }
         if leaderless == 0 || Instant::now() >= deadline {
@@ -495,21 +523,26 @@ async fn client_loop(ctx: &Ctx, shared: &Shared, worker: usize, limit: u64, dead
 /// One request. `seq` numbers the key of a write and rotates the node asked.
 async fn one(ctx: &Ctx, worker: usize, seq: u64) -> Outcome {
     let pick = |n: usize| (worker.wrapping_add(seq as usize)) % n;
-    if let Some(clients) = &ctx.grpc {
-        return one_grpc(ctx, clients[pick(clients.len())].clone(), seq).await;
-    }
     let request = match &ctx.op {
+        Op::Noop { urls } => ctx.http.get(&urls[pick(urls.len())]),
         Op::Put { targets } => {
+            let key = format!("key-{:08}", if seq >= ctx.keys { seq % ctx.keys.max(1) } else { seq });
+            let node = targets.node(key.as_bytes(), pick);
             let mut value = vec![0u8; ctx.value_bytes];
             rand::rng().fill(&mut value[..]);
-            let key = format!("key-{:08}", if seq >= ctx.keys { seq % ctx.keys.max(1) } else { seq });
-            ctx.http.put(format!("{}{key}", targets.prefix(key.as_bytes(), pick))).body(value)
+            if let Some(clients) = &ctx.grpc {
+                return put_grpc(ctx, clients[node].clone(), key, value).await;
+            }
+            ctx.http.put(format!("{}{key}", targets.prefixes[node])).body(value)
         }
-        Op::Get { targets, query, .. } => {
+        Op::Get { targets, query, mode } => {
             let key = format!("key-{:08}", rand::rng().random_range(0..ctx.keys.max(1)));
-            ctx.http.get(format!("{}{key}{query}", targets.prefix(key.as_bytes(), pick)))
+            let node = targets.node(key.as_bytes(), pick);
+            if let Some(clients) = &ctx.grpc {
+                return get_grpc(ctx, clients[node].clone(), key, mode).await;
+            }
+            ctx.http.get(format!("{}{key}{query}", targets.prefixes[node]))
         }
-        Op::Noop { urls } => ctx.http.get(&urls[pick(urls.len())]),
     };
     let resp = match request.send().await {
         Ok(r) => r,
@@ -533,55 +566,44 @@ async fn one(ctx: &Ctx, worker: usize, seq: u64) -> Outcome {
     }
 }
 
-/// One request over the gRPC client API.
-async fn one_grpc(ctx: &Ctx, mut client: GrpcClient, seq: u64) -> Outcome {
+/// A put over the gRPC client API.
+async fn put_grpc(ctx: &Ctx, mut client: GrpcClient, key: String, value: Vec<u8>) -> Outcome {
+    let request =
+        crate::grpc::pb::PutRequest { topic: ctx.topic.clone(), key: key.into_bytes(), value, partition: None };
+    match client.put(request).await {
+        Ok(_) => Outcome::Ok,
+        Err(s) => Outcome::Error(format!("{:?}: {}", s.code(), s.message())),
+    }
+}
+
+/// A lookup over the gRPC client API.
+async fn get_grpc(ctx: &Ctx, mut client: GrpcClient, key: String, mode: &str) -> Outcome {
     use crate::grpc::pb;
-    match &ctx.op {
-        Op::Put { .. } => {
-            let mut value = vec![0u8; ctx.value_bytes];
-            rand::rng().fill(&mut value[..]);
-            let key = if seq >= ctx.keys { seq % ctx.keys.max(1) } else { seq };
-            let request = pb::PutRequest {
-                topic: ctx.topic.clone(),
-                key: format!("key-{key:08}").into_bytes(),
-                value,
-                partition: None,
-            };
-            match client.put(request).await {
-                Ok(_) => Outcome::Ok,
-                Err(s) => Outcome::Error(format!("{:?}: {}", s.code(), s.message())),
+    let read = match mode {
+        "strict" => pb::ReadMode::Strict,
+        "follower" => pb::ReadMode::Follower,
+        _ => pb::ReadMode::Linearizable,
+    };
+    let request = pb::GetRequest {
+        topic: ctx.topic.clone(),
+        key: key.into_bytes(),
+        read: read as i32,
+        partition: None,
+        min_offset: None,
+    };
+    match client.get(request).await {
+        Ok(r) => {
+            let r = r.into_inner();
+            if !r.found {
+                Outcome::NotFound
+            } else if r.value.len() != ctx.value_bytes {
+                Outcome::Error(format!("value of {} bytes, expected {}", r.value.len(), ctx.value_bytes))
+            } else {
+                Outcome::Ok
             }
         }
-        Op::Get { mode, .. } => {
-            let key = rand::rng().random_range(0..ctx.keys.max(1));
-            let read = match mode.as_str() {
-                "strict" => pb::ReadMode::Strict,
-                "follower" => pb::ReadMode::Follower,
-                _ => pb::ReadMode::Linearizable,
-            };
-            let request = pb::GetRequest {
-                topic: ctx.topic.clone(),
-                key: format!("key-{key:08}").into_bytes(),
-                read: read as i32,
-                partition: None,
-                min_offset: None,
-            };
-            match client.get(request).await {
-                Ok(r) => {
-                    let r = r.into_inner();
-                    if !r.found {
-                        Outcome::NotFound
-                    } else if r.value.len() != ctx.value_bytes {
-                        Outcome::Error(format!("value of {} bytes, expected {}", r.value.len(), ctx.value_bytes))
-                    } else {
-                        Outcome::Ok
-                    }
-                }
-                Err(s) if s.code() == tonic::Code::NotFound => Outcome::NotFound,
-                Err(s) => Outcome::Error(format!("{:?}: {}", s.code(), s.message())),
-            }
-        }
-        Op::Noop { .. } => Outcome::Error("noop has no gRPC form".into()),
+        Err(s) if s.code() == tonic::Code::NotFound => Outcome::NotFound,
+        Err(s) => Outcome::Error(format!("{:?}: {}", s.code(), s.message())),
     }
 }
 
@@ -805,14 +827,14 @@ mod tests {
         let in_partition =
             |p: u32| keys.iter().filter(move |k| crate::murmur2::partition_for_key(k.as_bytes(), 2) == p);
         for key in in_partition(0) {
-            assert_eq!(targets.prefix(key.as_bytes(), |_| 0), prefixes[1], "{key} goes to its leader");
+            assert_eq!(targets.node(key.as_bytes(), |_| 0), 1, "{key} goes to its leader");
         }
         assert!(in_partition(0).count() > 0 && in_partition(1).count() > 0, "test keys fall in both partitions");
         for key in in_partition(1) {
-            assert_eq!(targets.prefix(key.as_bytes(), |n| 2 % n), prefixes[0], "{key} rotates");
-            assert_eq!(targets.prefix(key.as_bytes(), |n| 3 % n), prefixes[1], "{key} rotates");
+            assert_eq!(targets.node(key.as_bytes(), |n| 2 % n), 0, "{key} rotates");
+            assert_eq!(targets.node(key.as_bytes(), |n| 3 % n), 1, "{key} rotates");
         }
-        let rotating = Targets { prefixes: prefixes.clone(), leaders: None };
-        assert_eq!(rotating.prefix(b"key-00000000", |n| 5 % n), prefixes[1]);
+        let rotating = Targets { prefixes, leaders: None };
+        assert_eq!(rotating.node(b"key-00000000", |n| 5 % n), 1);
     }
 }
