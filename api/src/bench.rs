@@ -348,7 +348,9 @@ impl Targets {
                 Some(partition_leaders(http, admin, &args.topic, &nodes).await?)
             }
             (Route::Leader, Protocol::Grpc, None) => {
-                eprintln!("bench: without --admin-url the gRPC requests rotate over the nodes (it finds the leaders)");
+                eprintln!(
+                    "bench: the gRPC requests rotate over the nodes; give --admin-url (a node's HTTP URL) to send them to the partition leaders"
+                );
                 None
             }
         };
@@ -561,7 +563,8 @@ async fn one(ctx: &Ctx, worker: usize, seq: u64) -> Outcome {
             }
             _ => Outcome::Ok,
         },
-        404 if matches!(ctx.op, Op::Get { .. }) => Outcome::NotFound,
+        // A missing key; a missing topic (`topic_not_found`) or index is an error.
+        404 if matches!(ctx.op, Op::Get { .. }) && body.windows(13).any(|w| w == b"key_not_found") => Outcome::NotFound,
         _ => Outcome::Error(format!("{status}: {}", String::from_utf8_lossy(&body[..body.len().min(200)]))),
     }
 }
@@ -602,7 +605,6 @@ async fn get_grpc(ctx: &Ctx, mut client: GrpcClient, key: String, mode: &str) ->
                 Outcome::Ok
             }
         }
-        Err(s) if s.code() == tonic::Code::NotFound => Outcome::NotFound,
         Err(s) => Outcome::Error(format!("{:?}: {}", s.code(), s.message())),
     }
 }

@@ -779,6 +779,8 @@ async fn check_partitions_led_here(
 ) -> Result<(), ApiError> {
     let me = s.router.node.node_id();
     let mut elsewhere: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+    // The leader of the lowest partition not led here (batches are in partition order).
+    let mut first = None;
     for partition in batches.keys() {
         let record = &t.partitions[*partition as usize];
         if s.router.local_leader(record.group_id).is_some() {
@@ -787,10 +789,11 @@ async fn check_partitions_led_here(
         // A partition without a known leader is left to the write's own wait for one.
         if let Some(leader) = s.router.find_leader(record).await.filter(|l| *l != me) {
             elsewhere.entry(leader).or_default().push(*partition);
+            first.get_or_insert(leader);
         }
     }
-    let Some((&first, led_there)) = elsewhere.iter().next() else { return Ok(()) };
-    let one_node_leads_all = elsewhere.len() == 1 && led_there.len() == batches.len();
+    let Some(first) = first else { return Ok(()) };
+    let one_node_leads_all = elsewhere.len() == 1 && elsewhere.get(&first).map_or(0, Vec::len) == batches.len();
     let pq = path_and_query(uri);
     let redirect = s.router.redirect(first, hop, Method::POST, &pq, &HeaderMap::new(), Bytes::new()).await;
     match redirect {
