@@ -409,7 +409,6 @@ fn tokio_stream_incoming(
     })
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
 /// Resolves on Ctrl-C (SIGINT) or SIGTERM. The handlers are installed when this is called,
 /// so a signal that comes before the future is first awaited still counts.
 pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
