@@ -146,6 +146,9 @@ pub enum Route {
 /// they start (a partition still without one is rotated over the nodes).
 const LEADERS_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The error code of a 404 for a missing key (other 404s, a missing topic, are errors).
+const KEY_NOT_FOUND: &[u8] = b"key_not_found";
+
 /// Keys of load, get1 and getc when `--keys` is not given.
 pub const DEFAULT_KEYS: u64 = 100_000;
 
@@ -564,7 +567,9 @@ async fn one(ctx: &Ctx, worker: usize, seq: u64) -> Outcome {
             _ => Outcome::Ok,
         },
         // A missing key; a missing topic (`topic_not_found`) or index is an error.
-        404 if matches!(ctx.op, Op::Get { .. }) && body.windows(13).any(|w| w == b"key_not_found") => Outcome::NotFound,
+        404 if matches!(ctx.op, Op::Get { .. }) && body.windows(KEY_NOT_FOUND.len()).any(|w| w == KEY_NOT_FOUND) => {
+            Outcome::NotFound
+        }
         _ => Outcome::Error(format!("{status}: {}", String::from_utf8_lossy(&body[..body.len().min(200)]))),
     }
 }
