@@ -168,3 +168,71 @@ async fn disjoint_moves(cluster: &mut Cluster) -> Result<()> {
     api.put(&cluster.url(2), topic, b"after", b"moves").await?.expect_status(200)?;
     Ok(())
 }
+
+/// A move onto a node that is down waits for that node's replica to catch up before it
+/// changes the voters: the partition (two replicas, one of them to be replaced by the
+/// down node) keeps taking writes and linearizable reads while the move waits, and the move
+/// completes once the node returns, with every acknowledged key on it. (Making a voter of
+/// the down node at once would leave a quorum that needs it: every write 503 until it came back.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn move_onto_a_down_node_waits_and_the_partition_stays_writable() -> Result<()> {
+    let options = ClusterOptions { spare_nodes: 1, ..ClusterOptions::plain(3) };
+    let mut cluster = Cluster::start_with(options).await?;
+    let outcome = move_onto_down_node(&mut cluster).await;
+    cluster.finish(outcome)
+}
+
+async fn move_onto_down_node(cluster: &mut Cluster) -> Result<()> {
+    let api = cluster.api().clone();
+    let topic = "ontodown";
+    api.create_topic(&cluster.url(1), &TopicSpec::compacted(topic, 1, 2)).await?.expect_status(201)?;
+    let d = cluster.wait_for_leaders(topic, Duration::from_secs(20)).await?;
+    let replicas = d.partitions[0].replicas.clone();
+    ensure_eq!(replicas.len(), 2, "replicas of {topic}");
+    // Node 4 joins (so it is registered) and dies before the move names it.
+    cluster.start_spare(4).await?;
+    cluster.kill(4)?;
+    let target = vec![replicas[1], 4];
+    let moved = api
+        .request(
+            reqwest::Method::PUT,
+            &format!("{}/topics/{topic}/partitions/0/replicas", cluster.url(1)),
+            Some(logdex_cluster_tests::client::Body::Json(json!({ "replicas": target }))),
+        )
+        .await?;
+    ensure_eq!(moved.status, 202, "move answered {}", moved.summary());
+    let mut written = 0;
+    let waiting_until = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < waiting_until {
+        let (key, value) = (format!("k-{written}"), format!("v-{written}"));
+        let put = api.put(&cluster.url(1), topic, key.as_bytes(), value.as_bytes()).await?;
+        ensure_eq!(put.status, 200, "write {key} while the move waits: {}", put.summary());
+        let got = api.get(&cluster.url(1), topic, key.as_bytes(), &Read::linearizable()).await?;
+        ensure_eq!(got.status, 200, "read {key} while the move waits: {}", got.summary());
+        ensure_eq!(got.text(), value, "read {key} while the move waits");
+        written += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let d: Value = api.describe(&cluster.url(1), topic).await?.json()?;
+    ensure!(d["partitions"][0].get("move").is_some(), "the move onto the down node finished: {d}");
+    cluster.restart(4).await?;
+    let deadline = Instant::now() + MOVE_DEADLINE;
+    loop {
+        let d: Value = api.describe(&cluster.url(1), topic).await?.json()?;
+        let p = &d["partitions"][0];
+        let now: Vec<u64> = p["replicas"].as_array().into_iter().flatten().filter_map(Value::as_u64).collect();
+        if p.get("move").is_none() && now == target {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "move to {target:?} not complete after node 4 returned: {p}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    cluster.wait_for_leaders(topic, Duration::from_secs(20)).await?;
+    for k in 0..written {
+        let key = format!("k-{k}");
+        let reply = api.get(&cluster.url(4), topic, key.as_bytes(), &Read::linearizable()).await?;
+        reply.expect_status(200)?;
+        ensure_eq!(reply.text(), format!("v-{k}"), "node 4, key {key}");
+    }
+    Ok(())
+}

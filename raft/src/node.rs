@@ -1120,6 +1120,7 @@ impl Node {
                 .map_err(Error::unavailable)?;
         }
         let wanted: std::collections::BTreeSet<u64> = target.iter().map(|r| r.replica_id).collect();
+        self.await_catch_up(hosted, target).await?;
         if !wanted.contains(&hosted.replica_id) {
             // This leader leaves the group. A learner cannot take leadership,
             // so first make the target replicas voters beside the current
@@ -1172,6 +1173,43 @@ impl Node {
         let result = self.controller_write(cmd, false).await?;
         tracing::info!(group = hosted.group_id, status = %result.status, message = %result.message, "move: completion recorded");
         Ok(())
+    }
+
+    /// Waits until every target replica that is not yet a voter has the leader's log up to
+    /// where it ends now. Until then a membership change could make a voter of a replica
+    /// that is down or far behind, and a group whose quorum needs it stops taking writes
+    /// (openraft's own `add_learner(.., blocking)` counts a learner within
+    /// `replication_lag_threshold` entries as caught up, so a short log passes at once).
+    /// A replica that never catches up (its node is down) leaves the partition as it was:
+    /// the pass times out and the next reconcile tries again.
+    async fn await_catch_up(&self, hosted: &HostedGroup, target: &[ReplicaRecord]) -> Result<()> {
+        let metrics = crate::types::metrics_of(&hosted.raft);
+        let voters: std::collections::BTreeSet<u64> = metrics.membership_config.membership().voter_ids().collect();
+        let pending: Vec<&ReplicaRecord> = target.iter().filter(|r| !voters.contains(&r.replica_id)).collect();
+        let Some(goal) = metrics.last_log_index.filter(|_| !pending.is_empty()) else { return Ok(()) };
+        let matched = |m: &crate::types::RaftMetrics, id: u64| {
+            m.replication.as_ref().and_then(|r| r.get(&id).copied().flatten()).map_or(0, |l| l.index)
+        };
+        let caught_up = |m: &crate::types::RaftMetrics| {
+            // A leader that lost its term stops waiting: the next leader drives the move.
+            m.replication.is_none() || pending.iter().all(|r| matched(m, r.replica_id) >= goal)
+        };
+        let waited =
+            hosted.raft.wait(Some(MOVE_STEP_TIMEOUT)).metrics(caught_up, "move: target replicas catch up").await;
+        match waited {
+            Ok(m) if m.replication.is_some() => Ok(()),
+            Ok(_) => Err(Error::NotLeader { group: hosted.group_id, leader_node: None }),
+            Err(openraft::metrics::WaitError::Timeout(..)) => {
+                let m = crate::types::metrics_of(&hosted.raft);
+                let behind: Vec<String> = pending
+                    .iter()
+                    .filter(|r| matched(&m, r.replica_id) < goal)
+                    .map(|r| format!("replica {} on node {}", r.replica_id, r.node_id))
+                    .collect();
+                Err(Error::Timeout(format!("{} has not caught up to log index {goal}", behind.join(", "))))
+            }
+            Err(e) => Err(Error::unavailable(e)),
+        }
     }
 
     /// Removes replica directories this node no longer hosts (a removal that
