@@ -893,6 +893,25 @@ pub(crate) async fn lookup(s: &AppState, r: LookupRequest<'_>) -> Result<Lookup,
             tracing::warn!(group = p.group_id, error = %e, target, "lookup of a damaged record forwarded to another replica");
             Ok(Lookup::Elsewhere { target })
         }
+        // Leadership moved while the read barrier ran (a transfer, or a leader a move
+        // removes): the new leader answers, as if the read had come in after the change.
+        Err(logdex_raft::Error::NotLeader { leader_node: Some(leader), .. }) if leader != s.router.node.node_id() => {
+            Ok(Lookup::Elsewhere { target: leader })
+        }
+        // A move took this replica off the node while the read waited on it: a replica in
+        // the current assignment answers.
+        Err(e) if s.router.node.group(p.group_id).is_none_or(|now| !Arc::ptr_eq(&now, &hosted)) => {
+            let current = s.router.node.cluster().topics.get(&r.topic.name).cloned();
+            let Some(record) = current.as_ref().and_then(|t| t.partitions.get(p.partition as usize)) else {
+                return Err(e.into());
+            };
+            let target = read_target(s, record).await?;
+            if target == s.router.node.node_id() {
+                return Err(e.into());
+            }
+            tracing::debug!(group = p.group_id, error = %e, target, "the replica left this node during a lookup");
+            Ok(Lookup::Elsewhere { target })
+        }
         Err(e) => Err(e.into()),
     }
 }

@@ -216,8 +216,17 @@ async fn move_onto_down_node(cluster: &mut Cluster) -> Result<()> {
     let d: Value = api.describe(&cluster.url(1), topic).await?.json()?;
     ensure!(d["partitions"][0].get("move").is_some(), "the move onto the down node finished: {d}");
     cluster.restart(4).await?;
+    // While the move completes, linearizable reads through the node it removes keep
+    // answering: leadership leaves that node and then its replica does, and a read caught
+    // in either goes to the new leader or to a replica still assigned.
+    let leaving = replicas[0];
     let deadline = Instant::now() + MOVE_DEADLINE;
+    let mut reads = 0;
     loop {
+        let key = format!("k-{}", reads % written);
+        let got = api.get(&cluster.url(leaving), topic, key.as_bytes(), &Read::linearizable()).await?;
+        ensure_eq!(got.status, 200, "read {key} through node {leaving} as the move completes: {}", got.summary());
+        reads += 1;
         let d: Value = api.describe(&cluster.url(1), topic).await?.json()?;
         let p = &d["partitions"][0];
         let now: Vec<u64> = p["replicas"].as_array().into_iter().flatten().filter_map(Value::as_u64).collect();
@@ -225,7 +234,11 @@ async fn move_onto_down_node(cluster: &mut Cluster) -> Result<()> {
             break;
         }
         ensure!(Instant::now() < deadline, "move to {target:?} not complete after node 4 returned: {p}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for k in 0..written {
+        let key = format!("k-{k}");
+        let got = api.get(&cluster.url(leaving), topic, key.as_bytes(), &Read::linearizable()).await?;
+        ensure_eq!(got.status, 200, "read {key} through node {leaving} after the move: {}", got.summary());
     }
     cluster.wait_for_leaders(topic, Duration::from_secs(20)).await?;
     for k in 0..written {

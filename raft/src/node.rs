@@ -1480,6 +1480,26 @@ impl Node {
         // A replica that does not know its leader yet (an election, a restart, a replica
         // a move just added) waits for one, bounded, before answering 503.
         let deadline = tokio::time::Instant::now() + LEADER_WAIT_MAX;
+        let read_index = loop {
+            match self.read_index_once(hosted, strict, deadline).await {
+                Ok(index) => break index,
+                // Leadership moved under the read (a transfer, a leader a move removes, an
+                // election): the leader there is now answers, within the same bound.
+                Err(Error::NotLeader { .. } | Error::Unavailable(_)) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(LEADER_POLL).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        if applied_index(&hosted.raft) >= read_index {
+            return Ok(());
+        }
+        self.wait_applied(hosted, read_index, OPERATION_TIMEOUT).await
+    }
+
+    /// One read index for `hosted`: this replica's own if it leads, else its leader's
+    /// (waiting for a leader to be known until `deadline`).
+    async fn read_index_once(&self, hosted: &HostedGroup, strict: bool, deadline: tokio::time::Instant) -> Result<u64> {
         let known_leader = loop {
             if hosted.raft.is_leader() {
                 break None;
@@ -1492,7 +1512,7 @@ impl Node {
             }
             tokio::time::sleep(LEADER_POLL).await;
         };
-        let read_index = if let Some((leader, leader_replica)) = known_leader {
+        if let Some((leader, leader_replica)) = known_leader {
             // Concurrent follower reads of the groups one node leads share one call.
             self.inner.read_index_stats.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let coalescer = self
@@ -1509,14 +1529,10 @@ impl Node {
                 Box::pin(async move { node.remote_read_indexes(leader, strict, headers).await })
             });
             let header = pb::GroupHeader { group_id: hosted.group_id, target_replica: leader_replica };
-            coalescer.get(header, fetch).await?
+            coalescer.get(header, fetch).await
         } else {
-            hosted.leader_read_log_id(strict).await?.index
-        };
-        if applied_index(&hosted.raft) >= read_index {
-            return Ok(());
+            hosted.leader_read_log_id(strict).await.map(|l| l.index)
         }
-        self.wait_applied(hosted, read_index, OPERATION_TIMEOUT).await
     }
 
     /// Asks node `leader` for the read index of each group in `headers` (ReadIndex if
