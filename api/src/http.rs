@@ -200,17 +200,23 @@ async fn create_topic(State(s): State<AppState>, body: Bytes) -> Result<Response
     logdex_raft::controller::validate_config(&config).map_err(|m| ApiError::bad("invalid_config", m))?;
     check_config_limits(&s, &config)?;
     let replication_factor = req.replication_factor.unwrap_or_else(|| s.router.node.default_replication_factor());
+    // Nodes of an initial cluster start in any order: wait (bounded) for the nodes the
+    // cluster names to register, rather than refuse a replication factor it will have.
+    s.router.node.wait_registered_nodes(replication_factor as usize, Duration::from_secs(10)).await;
+    // Registered nodes that do not answer now get no replica while enough others remain.
+    let registered: Vec<u64> = s.router.node.cluster().nodes.keys().copied().collect();
+    let answering: std::collections::HashSet<u64> =
+        s.router.statuses(registered.iter().copied()).await.iter().map(|st| st.node_id).collect();
+    let down_nodes = registered.into_iter().filter(|n| !answering.contains(n)).collect();
     let cmd = pb::ControllerCommand {
         kind: Some(pb::controller_command::Kind::CreateTopic(pb::CreateTopic {
             name: req.name.clone(),
             partitions: req.partitions,
             replication_factor,
             config: config.into_iter().collect(),
+            down_nodes,
         })),
     };
-    // Nodes of an initial cluster start in any order: wait (bounded) for the nodes the
-    // cluster names to register, rather than refuse a replication factor it will have.
-    s.router.node.wait_registered_nodes(replication_factor as usize, Duration::from_secs(10)).await;
     let result = s.router.node.controller_write(cmd, false).await?;
     if let Some(e) = controller_error(&result) {
         return Err(e);

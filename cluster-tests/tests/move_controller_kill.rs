@@ -249,3 +249,34 @@ async fn move_onto_down_node(cluster: &mut Cluster) -> Result<()> {
     }
     Ok(())
 }
+
+/// A topic created while a registered node is down is placed on the nodes that answer (as
+/// Kafka places on live brokers): every partition has a leader in the create's answer and
+/// takes a write at once. (Before, the down node got its share of replicas, and a
+/// partition placed only there had no leader until it returned.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_created_while_a_node_is_down_is_placed_on_the_live_nodes() -> Result<()> {
+    let options = ClusterOptions { spare_nodes: 1, ..ClusterOptions::plain(3) };
+    let mut cluster = Cluster::start_with(options).await?;
+    let outcome = create_with_a_node_down(&mut cluster).await;
+    cluster.finish(outcome)
+}
+
+async fn create_with_a_node_down(cluster: &mut Cluster) -> Result<()> {
+    let api = cluster.api().clone();
+    cluster.start_spare(4).await?;
+    cluster.kill(4)?;
+    let topic = "placed";
+    let created = api.create_topic(&cluster.url(1), &TopicSpec::compacted(topic, 4, 1)).await?;
+    created.expect_status(201)?;
+    let d: Value = created.json()?;
+    for p in d["partitions"].as_array().into_iter().flatten() {
+        let replicas: Vec<u64> = p["replicas"].as_array().into_iter().flatten().filter_map(Value::as_u64).collect();
+        ensure!(!replicas.contains(&4), "a replica was placed on the down node 4: {p}");
+        ensure!(p["leader"].as_u64().is_some(), "a partition has no leader after the create: {p}");
+    }
+    for k in 0..20 {
+        api.put(&cluster.url(2), topic, format!("k-{k}").as_bytes(), b"v").await?.expect_status(200)?;
+    }
+    Ok(())
+}

@@ -225,13 +225,22 @@ impl ClusterState {
         if c.replication_factor == 0 || c.replication_factor > REPLICATION_FACTOR_MAX {
             return result("invalid", format!("replication_factor must be 1..={REPLICATION_FACTOR_MAX}"));
         }
-        let node_ids: Vec<NodeId> = self.nodes.keys().copied().collect();
-        if c.replication_factor as usize > node_ids.len() {
+        let registered: Vec<NodeId> = self.nodes.keys().copied().collect();
+        if c.replication_factor as usize > registered.len() {
             return result(
                 "invalid",
-                format!("replication_factor {} exceeds the {} registered nodes", c.replication_factor, node_ids.len()),
+                format!(
+                    "replication_factor {} exceeds the {} registered nodes",
+                    c.replication_factor,
+                    registered.len()
+                ),
             );
         }
+        // As Kafka places on live brokers: nodes the proposer found down are left out while
+        // enough others remain (else a partition placed only on down nodes has no leader
+        // until they return). The list is in the command, so every replica places alike.
+        let up: Vec<NodeId> = registered.iter().copied().filter(|n| !c.down_nodes.contains(n)).collect();
+        let node_ids = if up.len() >= c.replication_factor as usize { up } else { registered };
         let shift = self.topics_created as usize;
         let partitions = (0..c.partitions)
             .map(|p| {
@@ -548,6 +557,7 @@ mod tests {
                 partitions,
                 replication_factor: rf,
                 config: Default::default(),
+                down_nodes: Vec::new(),
             })),
         })
     }
@@ -627,6 +637,32 @@ mod tests {
         assert_eq!(leaders.values().copied().collect::<Vec<_>>(), vec![2, 2, 2]);
     }
 
+    /// Nodes the proposer found down get no replica while enough others remain; when too
+    /// few remain, every registered node is a candidate again.
+    #[test]
+    fn placement_leaves_out_down_nodes_while_enough_remain() {
+        let mut state = ClusterState::fresh();
+        register_all(&mut state, 1..=4);
+        let create_with_down = |state: &mut ClusterState, name: &str, rf: u32, down: Vec<u64>| {
+            state.apply(&pb::ControllerCommand {
+                kind: Some(Kind::CreateTopic(pb::CreateTopic {
+                    name: name.into(),
+                    partitions: 4,
+                    replication_factor: rf,
+                    config: Default::default(),
+                    down_nodes: down,
+                })),
+            })
+        };
+        let nodes_of = |state: &ClusterState, name: &str| -> std::collections::BTreeSet<u64> {
+            state.topics[name].partitions.iter().flat_map(|p| p.replicas.iter().map(|r| r.node_id)).collect()
+        };
+        assert_eq!(create_with_down(&mut state, "a", 2, vec![4]).status, "created");
+        assert_eq!(nodes_of(&state, "a"), [1, 2, 3].into());
+        assert_eq!(create_with_down(&mut state, "b", 3, vec![2, 4]).status, "created");
+        assert_eq!(nodes_of(&state, "b"), [1, 2, 3, 4].into(), "too few up nodes: all are candidates");
+    }
+
     #[test]
     fn replication_factor_above_node_count_is_invalid() {
         let mut state = ClusterState::fresh();
@@ -666,6 +702,7 @@ mod tests {
                 partitions: 1,
                 replication_factor: 1,
                 config: config.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+                down_nodes: Vec::new(),
             })),
         };
         let defaults = [("cleanup.policy", "compact"), ("kv.index.enabled", "true")];
