@@ -306,6 +306,9 @@ async fn describe(s: &AppState, t: &TopicRecord) -> Value {
                 v["move"] = json!({
                     "target_replicas": target.iter().map(|r| r.node_id).collect::<Vec<_>>(),
                     "state": "in_progress",
+                    // Replicas added as learners catch up until the voters change; from
+                    // then on the move can no longer be replaced.
+                    "phase": if p.target_fixed { "changing_voters" } else { "catching_up" },
                 });
             }
             v
@@ -884,11 +887,7 @@ pub(crate) async fn lookup(s: &AppState, r: LookupRequest<'_>) -> Result<Lookup,
     };
     if let Some(min) = r.min_offset {
         let wait = s.limits.min_offset_wait_max.min(Duration::from_secs(1));
-        s.router
-            .node
-            .wait_high_watermark(&hosted, min, wait)
-            .await
-            .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+        s.router.node.wait_high_watermark(&hosted, min, wait).await.map_err(ApiError::from)?;
     }
     match s.router.node.read_key(p.group_id, r.key, r.mode).await {
         Ok((read, high_watermark)) => Ok(Lookup::Here { partition: p.partition, high_watermark, read }),

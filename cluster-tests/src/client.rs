@@ -152,7 +152,7 @@ pub struct PartitionDescription {
     pub leader: Option<u64>,
     pub high_watermark: u64,
     pub log_start_offset: u64,
-    /// `{"target_replicas": [...], "state": "in_progress"}` while a move is in progress.
+    /// `{"target_replicas": [...], "state": "in_progress", "phase": "catching_up" or "changing_voters"}` while a move is in progress.
     #[serde(default, rename = "move")]
     pub move_state: Option<Value>,
 }

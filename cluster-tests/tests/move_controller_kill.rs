@@ -11,6 +11,7 @@ use logdex_cluster_tests::Error;
 use logdex_cluster_tests::Read;
 use logdex_cluster_tests::Result;
 use logdex_cluster_tests::TopicSpec;
+use logdex_cluster_tests::client::Body;
 use logdex_cluster_tests::ensure;
 use logdex_cluster_tests::ensure_eq;
 use serde_json::Value;
@@ -171,7 +172,8 @@ async fn disjoint_moves(cluster: &mut Cluster) -> Result<()> {
 
 /// A move onto a node that is down waits for that node's replica to catch up before it
 /// changes the voters: the partition (two replicas, one of them to be replaced by the
-/// down node) keeps taking writes and linearizable reads while the move waits, and the move
+/// down node) keeps taking writes and linearizable reads while the move waits; a move back
+/// to the current replicas replaces it and completes at once; made again, the move
 /// completes once the node returns, with every acknowledged key on it. (Making a voter of
 /// the down node at once would leave a quorum that needs it: every write 503 until it came back.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -180,6 +182,26 @@ async fn move_onto_a_down_node_waits_and_the_partition_stays_writable() -> Resul
     let mut cluster = Cluster::start_with(options).await?;
     let outcome = move_onto_down_node(&mut cluster).await;
     cluster.finish(outcome)
+}
+
+/// Waits until partition 0 of `topic` has `replicas` and no move runs.
+async fn wait_for_replicas(
+    api: &logdex_cluster_tests::client::Api,
+    base: &str,
+    topic: &str,
+    replicas: &[u64],
+) -> Result<()> {
+    let deadline = Instant::now() + MOVE_DEADLINE;
+    loop {
+        let d: Value = api.describe(base, topic).await?.json()?;
+        let p = &d["partitions"][0];
+        let now: Vec<u64> = p["replicas"].as_array().into_iter().flatten().filter_map(Value::as_u64).collect();
+        if p.get("move").is_none() && now == replicas {
+            return Ok(());
+        }
+        ensure!(Instant::now() < deadline, "partition 0 of {topic} did not reach replicas {replicas:?}: {p}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 async fn move_onto_down_node(cluster: &mut Cluster) -> Result<()> {
@@ -215,6 +237,16 @@ async fn move_onto_down_node(cluster: &mut Cluster) -> Result<()> {
     }
     let d: Value = api.describe(&cluster.url(1), topic).await?.json()?;
     ensure!(d["partitions"][0].get("move").is_some(), "the move onto the down node finished: {d}");
+    // The waiting move is taken back (a move to the current replicas replaces it) ...
+    let url = format!("{}/topics/{topic}/partitions/0/replicas", cluster.url(2));
+    let back = api.request(reqwest::Method::PUT, &url, Some(Body::Json(json!({ "replicas": replicas })))).await?;
+    ensure_eq!(back.status, 202, "taking the move back answered {}", back.summary());
+    wait_for_replicas(&api, &cluster.url(1), topic, &replicas).await?;
+    let put = api.put(&cluster.url(1), topic, b"after-take-back", b"v").await?;
+    ensure_eq!(put.status, 200, "write after the move was taken back: {}", put.summary());
+    // ... and made again, to complete once node 4 is back.
+    let again = api.request(reqwest::Method::PUT, &url, Some(Body::Json(json!({ "replicas": target })))).await?;
+    ensure_eq!(again.status, 202, "the move made again answered {}", again.summary());
     cluster.restart(4).await?;
     // While the move completes, linearizable reads through the node it removes keep
     // answering: leadership leaves that node and then its replica does, and a read caught

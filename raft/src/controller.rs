@@ -72,6 +72,10 @@ pub struct PartitionRecord {
     /// Completed moves; only a group never moved may be initialized.
     #[serde(default)]
     pub moves: u32,
+    /// The move's driver has begun changing the voters to `target` (`FixMove`): the move
+    /// can no longer be replaced. Until then a new move replaces it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub target_fixed: bool,
 }
 
 impl PartitionRecord {
@@ -155,6 +159,7 @@ impl ClusterState {
             Some(Kind::AlterTopicConfig(a)) => self.alter_config(a),
             Some(Kind::MovePartition(m)) => self.move_partition(m),
             Some(Kind::CompleteMove(c)) => self.complete_move(c),
+            Some(Kind::FixMove(f)) => self.fix_move(f),
             None => result("invalid", "empty controller command"),
         }
     }
@@ -254,7 +259,7 @@ impl ClusterState {
                     .collect();
                 let group_id = self.next_group_id;
                 self.next_group_id += 1;
-                PartitionRecord { partition: p, group_id, replicas, target: None, moves: 0 }
+                PartitionRecord { partition: p, group_id, replicas, target: None, moves: 0, target_fixed: false }
             })
             .collect();
         self.topics_created += 1;
@@ -306,17 +311,22 @@ impl ClusterState {
             }
         }
         if let Some(target) = &current.target {
-            let same = target.iter().map(|r| r.node_id).eq(m.nodes.iter().copied());
-            return if same {
-                result("exists", "this move is already in progress")
-            } else {
-                result("conflict", "another move of this partition is in progress")
-            };
-        }
-        if current.replicas.iter().map(|r| r.node_id).eq(m.nodes.iter().copied()) {
+            if target.iter().map(|r| r.node_id).eq(m.nodes.iter().copied()) {
+                return result("exists", "this move is already in progress");
+            }
+            if current.target_fixed {
+                return result(
+                    "conflict",
+                    "another move of this partition is changing its voters; it cannot be replaced now",
+                );
+            }
+            // As with Kafka's reassignments, a new move replaces one that has only added
+            // learners so far (a move onto a node that is down can be taken back this way).
+        } else if current.replicas.iter().map(|r| r.node_id).eq(m.nodes.iter().copied()) {
             return result("exists", "the partition already has these replicas");
         }
-        let existing: Vec<ReplicaRecord> = current.replicas.clone();
+        // Nodes keep the replica ids they have, in the current replicas or in a replaced target.
+        let existing: Vec<ReplicaRecord> = current.all_replicas().cloned().collect();
         let mut target = Vec::with_capacity(m.nodes.len());
         for n in &m.nodes {
             match existing.iter().find(|r| r.node_id == *n) {
@@ -329,9 +339,37 @@ impl ClusterState {
         }
         let topic = self.topics.get_mut(&m.topic).map(std::sync::Arc::make_mut);
         if let Some(p) = topic.and_then(|t| t.partitions.get_mut(m.partition as usize)) {
+            // A move back to the current replicas still runs: its driver removes the
+            // learners the replaced move added, then completes it.
             p.target = Some(target);
+            p.target_fixed = false;
         }
         result("ok", format!("moving {}/{} to nodes {:?}", m.topic, m.partition, m.nodes))
+    }
+
+    fn fix_move(&mut self, f: &pb::FixMove) -> pb::ControllerResult {
+        let topic = self.topics.get_mut(&f.topic).map(std::sync::Arc::make_mut);
+        let Some(p) = topic.and_then(|t| t.partitions.get_mut(f.partition as usize)) else {
+            return result("not_found", format!("topic {} partition {} does not exist", f.topic, f.partition));
+        };
+        if p.group_id != f.group_id {
+            return result("conflict", "stale move for another group");
+        }
+        let Some(target) = &p.target else {
+            return result("conflict", "no move in progress");
+        };
+        let mut asked = f.replica_ids.clone();
+        asked.sort_unstable();
+        let mut wanted: Vec<ReplicaId> = target.iter().map(|r| r.replica_id).collect();
+        wanted.sort_unstable();
+        if asked != wanted {
+            return result("conflict", "the move was replaced by another one");
+        }
+        if p.target_fixed {
+            return result("exists", "the move already changes the voters");
+        }
+        p.target_fixed = true;
+        result("ok", format!("move of {}/{} changes the voters now", f.topic, f.partition))
     }
 
     fn complete_move(&mut self, c: &pb::CompleteMove) -> pb::ControllerResult {
@@ -354,6 +392,7 @@ impl ClusterState {
             return result("conflict", "the committed membership does not match the move target");
         }
         p.replicas = target;
+        p.target_fixed = false;
         p.moves += 1;
         result("ok", format!("move of {}/{} complete", c.topic, c.partition))
     }
@@ -586,8 +625,10 @@ mod tests {
         let nodes = vec![staying[0], staying[1], 4];
         assert_eq!(move_to(&mut state, nodes.clone()).status, "ok");
         assert_eq!(move_to(&mut state, nodes.clone()).status, "exists");
-        assert_eq!(move_to(&mut state, vec![1]).status, "conflict");
         let target = state.topics["t"].partitions[0].target.clone().unwrap_or_default();
+        let ids: Vec<u64> = target.iter().map(|r| r.replica_id).collect();
+        assert_eq!(state.apply(&fix("t", before.group_id, ids.clone())).status, "ok");
+        assert_eq!(move_to(&mut state, vec![1]).status, "conflict", "a fixed move is not replaced");
         assert_eq!(target[0].replica_id, before.replicas[0].replica_id);
         assert!(!target[2].initial);
         assert!(before.replicas.iter().all(|r| r.replica_id != target[2].replica_id));
@@ -600,11 +641,43 @@ mod tests {
             })),
         };
         assert_eq!(state.apply(&complete(vec![1, 2])).status, "conflict");
-        let ids: Vec<u64> = target.iter().map(|r| r.replica_id).collect();
         assert_eq!(state.apply(&complete(ids)).status, "ok");
         let after = &state.topics["t"].partitions[0];
         assert_eq!(after.replicas, target);
         assert!(after.target.is_none());
+        assert!(!after.target_fixed);
+    }
+
+    fn fix(topic: &str, group_id: u64, replica_ids: Vec<u64>) -> pb::ControllerCommand {
+        pb::ControllerCommand {
+            kind: Some(Kind::FixMove(pb::FixMove { topic: topic.into(), partition: 0, group_id, replica_ids })),
+        }
+    }
+
+    /// A move that has not begun changing the voters is replaced by a new one (node 4 keeps
+    /// the replica id the first move gave it); a move back to the current replicas still
+    /// runs (its driver removes the learners); the driver of a replaced move cannot fix it.
+    #[test]
+    fn a_move_not_yet_fixed_is_replaced_by_a_new_one() {
+        let mut state = ClusterState::fresh();
+        register_all(&mut state, 1..=5);
+        create(&mut state, "t", 1, 2);
+        let before = state.topics["t"].partitions[0].clone();
+        let current: Vec<u64> = before.replicas.iter().map(|r| r.node_id).collect();
+        let spare: Vec<u64> = (1..=5).filter(|n| !current.contains(n)).collect();
+        assert_eq!(move_to(&mut state, vec![current[1], spare[0]]).status, "ok");
+        let first = state.topics["t"].partitions[0].target.clone().unwrap_or_default();
+        assert_eq!(move_to(&mut state, vec![spare[0], spare[1]]).status, "ok");
+        let second = state.topics["t"].partitions[0].target.clone().unwrap_or_default();
+        assert_eq!(second[0].replica_id, first[1].replica_id, "a node keeps its replica id");
+        let stale: Vec<u64> = first.iter().map(|r| r.replica_id).collect();
+        assert_eq!(state.apply(&fix("t", before.group_id, stale)).status, "conflict");
+        assert_eq!(move_to(&mut state, current.clone()).status, "ok", "taking a move back");
+        let back = state.topics["t"].partitions[0].target.clone().unwrap_or_default();
+        assert_eq!(back, before.replicas);
+        let ids: Vec<u64> = back.iter().map(|r| r.replica_id).collect();
+        assert_eq!(state.apply(&fix("t", before.group_id, ids.clone())).status, "ok");
+        assert_eq!(state.apply(&fix("t", before.group_id, ids)).status, "exists");
     }
 
     #[test]

@@ -1121,6 +1121,19 @@ impl Node {
         }
         let wanted: std::collections::BTreeSet<u64> = target.iter().map(|r| r.replica_id).collect();
         self.await_catch_up(hosted, target).await?;
+        // From here on the voters change: the controller stops taking a replacement first.
+        let fix = pb::ControllerCommand {
+            kind: Some(pb::controller_command::Kind::FixMove(pb::FixMove {
+                topic: topic.to_string(),
+                partition,
+                group_id: hosted.group_id,
+                replica_ids: wanted.iter().copied().collect(),
+            })),
+        };
+        let fixed = self.controller_write(fix, false).await?;
+        if fixed.status != "ok" && fixed.status != "exists" {
+            return Err(Error::Conflict(format!("move not continued: {}", fixed.message)));
+        }
         if !wanted.contains(&hosted.replica_id) {
             // This leader leaves the group. A learner cannot take leadership,
             // so first make the target replicas voters beside the current
@@ -1194,8 +1207,23 @@ impl Node {
             // A leader that lost its term stops waiting: the next leader drives the move.
             m.replication.is_none() || pending.iter().all(|r| matched(m, r.replica_id) >= goal)
         };
-        let waited =
-            hosted.raft.wait(Some(MOVE_STEP_TIMEOUT)).metrics(caught_up, "move: target replicas catch up").await;
+        // A move replaced meanwhile (say, one onto a node that is down, taken back) ends the
+        // wait at once: the next pass drives the new target.
+        let replaced = async {
+            let mut changed = self.subscribe_cluster();
+            loop {
+                let state = self.cluster();
+                let current = state.find_group(hosted.group_id).and_then(|(_, p)| p.target.as_deref());
+                if current != Some(target) || changed.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let wait = hosted.raft.wait(Some(MOVE_STEP_TIMEOUT));
+        let waited = tokio::select! {
+            waited = wait.metrics(caught_up, "move: target replicas catch up") => waited,
+            () = replaced => return Err(Error::Conflict("the move was replaced by another one".into())),
+        };
         match waited {
             Ok(m) if m.replication.is_some() => Ok(()),
             Ok(_) => Err(Error::NotLeader { group: hosted.group_id, leader_node: None }),
