@@ -94,10 +94,10 @@ impl Client {
         if let Some(b) = body {
             req = req.header("content-type", "application/json").body(b);
         }
-        let resp = req.send().await.map_err(|e| format!("cannot reach {}: {e}", base_of(url)))?;
+        let resp = req.send().await.map_err(|e| format!("cannot reach {}: {}", base_of(url), cause_of(&e)))?;
         let status = resp.status();
         let headers = resp.headers().clone();
-        let body = resp.bytes().await.map_err(|e| format!("reading the answer: {e}"))?;
+        let body = resp.bytes().await.map_err(|e| format!("reading the answer: {}", cause_of(&e)))?;
         Ok(Answer { status, headers, body })
     }
 
@@ -474,6 +474,21 @@ async fn consume(
     }
 }
 
+/// What went wrong at the bottom of an error's chain ("Connection refused (os error 111)"),
+/// after the top ("error sending request for url (...)"): the top alone names no cause.
+fn cause_of(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut root = None;
+    let mut next = e.source();
+    while let Some(cause) = next {
+        root = Some(cause);
+        next = cause.source();
+    }
+    match root {
+        Some(root) => format!("{e}: {root}"),
+        None => e.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -506,5 +521,24 @@ mod tests {
         assert_eq!(base_of("http://127.0.0.1:8082/kv/t/k?read=follower"), "http://127.0.0.1:8082");
         assert_eq!(base_of("https://node-2:8443/"), "https://node-2:8443");
         assert_eq!(base_of("http://127.0.0.1:8081"), "http://127.0.0.1:8081");
+    }
+
+    #[test]
+    fn cause_of_adds_the_bottom_of_the_chain_to_the_top() {
+        #[derive(Debug)]
+        struct Sending(std::io::Error);
+        impl std::fmt::Display for Sending {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("error sending request")
+            }
+        }
+        impl std::error::Error for Sending {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let refused = Sending(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused"));
+        assert_eq!(cause_of(&refused), "error sending request: Connection refused");
+        assert_eq!(cause_of(&std::io::Error::other("alone")), "alone");
     }
 }
