@@ -111,6 +111,7 @@ impl From<logdex_raft::Error> for ApiError {
             E::Conflict(m) => ApiError::Conflict(m),
             // The code says "unavailable" already: the message does not repeat it.
             E::Unavailable(m) => ApiError::Unavailable(m),
+            E::NodeUnreachable(m) => ApiError::NodeUnreachable(m),
             E::NotLeader { .. } | E::NotHosted { .. } | E::TierMiss { .. } => ApiError::Unavailable(e.to_string()),
             other => ApiError::Internal(other.to_string()),
         }

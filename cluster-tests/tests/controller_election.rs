@@ -56,3 +56,33 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
     cluster.launch_stopped(3)?;
     cluster.wait_nodes_ready(&[1, 2, 3]).await
 }
+
+/// A create sent right after the controller leader was killed, to a node that still names
+/// that leader, waits for the election and succeeds (it answered 503 with the transport's
+/// raw error text before): the node cannot reach the leader it knows, so nothing was
+/// proposed, and it asks again until a new leader takes the command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_right_after_the_controller_leader_died_waits_for_the_next_leader() -> Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    let outcome = create_after_controller_death(&mut cluster).await;
+    cluster.finish(outcome)
+}
+
+async fn create_after_controller_death(cluster: &mut Cluster) -> Result<()> {
+    let api = cluster.api().clone();
+    let view: Value = api.cluster(&cluster.url(1)).await?.json()?;
+    let leader = view["controller_leader"]
+        .as_u64()
+        .ok_or_else(|| logdex_cluster_tests::Error::Check(format!("no controller leader: {view}")))?;
+    let via = if leader == 1 { 2 } else { 1 };
+    cluster.kill(leader)?;
+    let created = api.create_topic(&cluster.url(via), &TopicSpec::compacted("after", 2, 2)).await?;
+    created.expect_status(201)?;
+    let d: Value = created.json()?;
+    for p in d["partitions"].as_array().into_iter().flatten() {
+        let replicas: Vec<u64> = p["replicas"].as_array().into_iter().flatten().filter_map(Value::as_u64).collect();
+        ensure!(!replicas.contains(&leader), "a replica was placed on the killed node {leader}: {p}");
+    }
+    api.put(&cluster.url(via), "after", b"k", b"v").await?.expect_status(200)?;
+    Ok(())
+}

@@ -69,6 +69,8 @@ const TIER_READ_ATTEMPTS: usize = 3;
 /// group to elect a leader, as a partition write waits for its group's (8 s), before it
 /// answers 503.
 const CONTROLLER_LEADER_WAIT: Duration = Duration::from_secs(8);
+/// How often a controller write whose leader cannot be reached asks again (an election).
+const CONTROLLER_RETRY: Duration = Duration::from_millis(100);
 /// How long a `linearizable` or `strict` read waits for its replica to learn a leader.
 const LEADER_WAIT_MAX: Duration = Duration::from_secs(1);
 /// How often that wait looks again.
@@ -692,7 +694,21 @@ impl Node {
                     if forwarded {
                         return Err(Error::NotLeader { group: CONTROLLER_GROUP, leader_node: Some(node.node_id) });
                     }
-                    return self.remote_controller_write(&node.rpc_addr, cmd, true).await;
+                    match self.remote_controller_write(&node.rpc_addr, cmd.clone(), true).await {
+                        // The leader this node knows is gone (nothing was sent): its successor
+                        // takes the command once an election ends, bounded.
+                        Err(Error::NodeUnreachable(m)) => {
+                            if tokio::time::Instant::now() >= election_deadline {
+                                return Err(Error::unavailable(format!(
+                                    "the controller leader, node {}, {m}; no other leader was elected meanwhile",
+                                    node.node_id
+                                )));
+                            }
+                            tokio::time::sleep(CONTROLLER_RETRY).await;
+                            continue;
+                        }
+                        other => return other,
+                    }
                 }
                 Ok(Err(e)) => return Err(Error::unavailable(e)),
             }
@@ -730,7 +746,17 @@ impl Node {
         let mut client = self.inner.pool.client(addr).map_err(Error::unavailable)?;
         let mut request = tonic::Request::new(pb::ControllerWriteRequest { command: Some(cmd), forwarded });
         request.set_timeout(OPERATION_TIMEOUT);
-        let resp = client.controller_write(request).await.map_err(Error::unavailable)?.into_inner();
+        let resp = match client.controller_write(request).await {
+            Ok(resp) => resp.into_inner(),
+            // A unary call whose connection failed sent nothing (as for a forwarded produce).
+            Err(s) if s.code() == tonic::Code::Unavailable && s.message().contains("connect") => {
+                return Err(Error::NodeUnreachable(format!("at {addr} cannot be reached ({})", s.message())));
+            }
+            Err(s) if s.code() == tonic::Code::DeadlineExceeded => {
+                return Err(Error::Timeout(format!("controller write at {addr}: {}", s.message())));
+            }
+            Err(s) => return Err(Error::remote_unavailable(&format!("controller at {addr}: {}", s.message()))),
+        };
         let result = resp.result.ok_or_else(|| Error::unavailable(format!("controller at {addr} has no leader")))?;
         Ok((result, resp.log_index))
     }
