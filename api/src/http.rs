@@ -197,8 +197,9 @@ async fn create_topic(State(s): State<AppState>, body: Bytes) -> Result<Response
     let req: CreateTopicBody = parse_json(&body)?;
     logdex_raft::controller::validate_topic_name(&req.name).map_err(|m| ApiError::bad("invalid_topic", m))?;
     let config = config_strings(req.config)?;
-    logdex_raft::controller::validate_config(&config).map_err(|m| ApiError::bad("invalid_config", m))?;
+    // The limits first: their message gives the range, as an alter's does.
     check_config_limits(&s, &config)?;
+    logdex_raft::controller::validate_config(&config).map_err(|m| ApiError::bad("invalid_config", m))?;
     let replication_factor = req.replication_factor.unwrap_or_else(|| s.router.node.default_replication_factor());
     // Nodes of an initial cluster start in any order: wait (bounded) for the nodes the
     // cluster names to register, rather than refuse a replication factor it will have.
@@ -368,9 +369,10 @@ async fn alter_topic_config(
 
 async fn move_partition(
     State(s): State<AppState>,
-    Path((name, partition)): Path<(String, u32)>,
+    Path((name, partition)): Path<(String, String)>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
+    let partition = partition_number(&partition)?;
     #[derive(Deserialize)]
     struct Move {
         replicas: Vec<u64>,
@@ -404,7 +406,8 @@ async fn move_partition(
 
 #[derive(Deserialize, Default)]
 struct CommonQuery {
-    partition: Option<u32>,
+    /// Parsed by [`partition_number`], so a bad one is `invalid_partition`.
+    partition: Option<String>,
     key_encoding: Option<String>,
     read: Option<String>,
     min_offset: Option<u64>,
@@ -481,6 +484,12 @@ fn percent_decode(s: &str) -> Result<Vec<u8>, ApiError> {
         }
     }
     Ok(out)
+}
+
+/// A partition number from a path or a query (`invalid_partition` when it is not one).
+fn partition_number(text: &str) -> Result<u32, ApiError> {
+    text.parse()
+        .map_err(|_| ApiError::bad("invalid_partition", format!("a partition is a number from 0 up, not {text:?}")))
 }
 
 fn partition_of<'a>(t: &'a TopicRecord, partition: Option<u32>, key: &[u8]) -> Result<&'a PartitionRecord, ApiError> {
@@ -582,7 +591,7 @@ async fn write_key(
     if value.as_ref().is_some_and(|v| v.len() > s.limits.value_bytes_max) {
         return Err(ApiError::TooLarge(format!("value exceeds {} bytes", s.limits.value_bytes_max)));
     }
-    let p = partition_of(&t, q.partition, &key)?;
+    let p = partition_of(&t, q.partition.as_deref().map(partition_number).transpose()?, &key)?;
     let record = Record { timestamp_ms: now_ms(), key: Some(key), value, headers: Vec::new() };
     let hop = hop(&s, &headers, &q);
     let offset = produce_to(&s, p, vec![record], hop, &uri).await?;
@@ -935,7 +944,8 @@ async fn get_key(
     let mode = read_mode(&q)?;
     let key = key_from_uri(uri, q.key_encoding.as_deref())?;
     let hop = hop(&s, headers, &q);
-    let request = LookupRequest { topic: t, key: &key, mode, partition: q.partition, min_offset: q.min_offset, hop };
+    let partition = q.partition.as_deref().map(partition_number).transpose()?;
+    let request = LookupRequest { topic: t, key: &key, mode, partition, min_offset: q.min_offset, hop };
     let (partition, hw, read) = match lookup(&s, request).await? {
         Lookup::Here { partition, high_watermark, read } => (partition, high_watermark, read),
         Lookup::Elsewhere { target } => {
@@ -1040,11 +1050,12 @@ fn encode_records(records: &[(u64, Record)], wanted: FetchEncoding) -> Result<(V
 
 async fn fetch_records(
     State(s): State<AppState>,
-    Path((topic_name, partition)): Path<(String, u32)>,
+    Path((topic_name, partition)): Path<(String, String)>,
     Query(q): Query<CommonQuery>,
     uri: Uri,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    let partition = partition_number(&partition)?;
     let t = topic(&s, &topic_name)?;
     let p = t.partitions.get(partition as usize).ok_or_else(|| {
         ApiError::bad("invalid_partition", format!("topic {topic_name} has no partition {partition}"))

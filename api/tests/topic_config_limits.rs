@@ -35,6 +35,17 @@ async fn configs_outside_kafkas_ranges_are_refused_on_create_and_alter() -> Test
         let answer = error_code(http.post(format!("{url}/topics")).json(&body).send().await?).await?;
         assert_eq!(answer, (400, "invalid_config".to_string()), "create with {key}={value}");
     }
+    // The message says what the key takes, on create as on alter.
+    for (key, value, says) in [
+        ("max.message.bytes", "-5", "from 1 to 2147483647"),
+        ("cleanup.policy", "bogus", "compact, delete or compact,delete"),
+        ("retention.ms", "-7", "at least -1"),
+    ] {
+        let body = json!({"name": "t", "partitions": 1, "replication_factor": 1, "config": {key: value}});
+        let answer: Value = http.post(format!("{url}/topics")).json(&body).send().await?.json().await?;
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "create with {key}={value}: {answer}");
+    }
     let tiered = json!({"name": "t", "partitions": 1, "replication_factor": 1,
         "config": {"cleanup.policy": "delete", "remote.storage.enable": "true"}});
     let answer = error_code(http.post(format!("{url}/topics")).json(&tiered).send().await?).await?;

@@ -736,6 +736,18 @@ async fn malformed_requests(cluster: &Cluster) -> Result<()> {
         failures.record(health.and_then(|h| h.expect_status(200).map(|_| ())));
     }
     failures.into_result(count, "bad requests")?;
+    // A partition that is not a number is `invalid_partition`, in a path as in a query.
+    let not_numbers: Vec<(Method, String, Option<Body>)> = vec![
+        (Method::GET, format!("/topics/{TOPIC}/partitions/abc/records?offset=0"), None),
+        (Method::GET, format!("/topics/{TOPIC}/partitions/99999999999/records"), None),
+        (Method::GET, format!("/kv/{TOPIC}/k?partition=-1"), None),
+        (Method::PUT, format!("/kv/{TOPIC}/k?partition=one"), Some(Body::Raw(b"v".to_vec()))),
+        (Method::PUT, format!("/topics/{TOPIC}/partitions/-1/replicas"), Some(Body::Json(json!({"replicas": [1]})))),
+    ];
+    for (method, path, body) in not_numbers {
+        let reply = cluster.api().request(method, &format!("{}{path}", cluster.url(1)), body).await?;
+        reply.expect_error(400, "invalid_partition")?;
+    }
     // Nothing was written by the rejected requests, in particular no part of the mixed batch.
     let reply = get(cluster, 1, TOPIC, b"partial-ok", &Read::linearizable().partition(0)).await?;
     expect_key_not_found(&reply, Some(0))?;

@@ -241,21 +241,26 @@ impl ClusterState {
                 ),
             );
         }
-        // As Kafka places on live brokers: nodes the proposer found down are left out while
-        // enough others remain (else a partition placed only on down nodes has no leader
-        // until they return). The list is in the command, so every replica places alike.
-        let up: Vec<NodeId> = registered.iter().copied().filter(|n| !c.down_nodes.contains(n)).collect();
-        let node_ids = if up.len() >= c.replication_factor as usize { up } else { registered };
+        // As Kafka places on live brokers: replicas go round-robin over the nodes that
+        // answered the proposer, and only when fewer answered than the replication factor
+        // do down nodes fill the rest (after all the live ones, which lead), so a partition
+        // has as many live replicas as it can (else one placed only on down nodes has no
+        // leader until they return). The list is in the command: every replica places alike.
+        let (up, down): (Vec<NodeId>, Vec<NodeId>) = registered.iter().partition(|n| !c.down_nodes.contains(n));
+        let rf = c.replication_factor as usize;
+        let rotated = |nodes: &[NodeId], k: usize| -> Vec<NodeId> {
+            (0..nodes.len()).map(|i| nodes[(k + i) % nodes.len()]).collect()
+        };
         let shift = self.topics_created as usize;
         let partitions = (0..c.partitions)
             .map(|p| {
-                let start = (p as usize + shift) % node_ids.len();
-                let replicas = (0..c.replication_factor as usize)
-                    .map(|i| ReplicaRecord {
-                        node_id: node_ids[(start + i) % node_ids.len()],
-                        replica_id: self.allocate_replica(),
-                        initial: true,
-                    })
+                let k = p as usize + shift;
+                let mut nodes = rotated(&up, k);
+                nodes.extend(rotated(&down, k));
+                let replicas = nodes
+                    .into_iter()
+                    .take(rf)
+                    .map(|node_id| ReplicaRecord { node_id, replica_id: self.allocate_replica(), initial: true })
                     .collect();
                 let group_id = self.next_group_id;
                 self.next_group_id += 1;
@@ -524,20 +529,33 @@ pub fn validate_topic_name(name: &str) -> std::result::Result<(), String> {
 /// Topic config keys logdex understands, with a check of each value.
 pub fn validate_config(config: &BTreeMap<String, String>) -> std::result::Result<(), String> {
     for (key, value) in config {
-        let ok = match key.as_str() {
-            "cleanup.policy" => matches!(value.as_str(), "compact" | "delete" | "compact,delete" | "delete,compact"),
-            "kv.index.enabled" => matches!(value.as_str(), "true" | "false"),
-            "segment.bytes" | "max.message.bytes" => value.parse::<u64>().is_ok_and(|v| v > 0),
-            "segment.ms" | "delete.retention.ms" => value.parse::<u64>().is_ok(),
-            "retention.ms" | "retention.bytes" => value.parse::<i64>().is_ok_and(|v| v >= -1),
-            "min.cleanable.dirty.ratio" => value.parse::<f64>().is_ok_and(|v| (0.0..=1.0).contains(&v)),
-            "remote.storage.enable" => matches!(value.as_str(), "true" | "false"),
+        let (ok, expected) = match key.as_str() {
+            "cleanup.policy" => (
+                matches!(value.as_str(), "compact" | "delete" | "compact,delete" | "delete,compact"),
+                "compact, delete or compact,delete",
+            ),
+            "kv.index.enabled" | "remote.storage.enable" => {
+                (matches!(value.as_str(), "true" | "false"), "true or false")
+            }
+            "segment.bytes" | "max.message.bytes" => {
+                (value.parse::<u64>().is_ok_and(|v| v > 0), "a whole number of bytes, at least 1")
+            }
+            "segment.ms" | "delete.retention.ms" => (value.parse::<u64>().is_ok(), "a whole number of milliseconds"),
+            "retention.ms" | "retention.bytes" => {
+                (value.parse::<i64>().is_ok_and(|v| v >= -1), "a whole number, at least -1 (-1: no limit)")
+            }
+            "min.cleanable.dirty.ratio" => {
+                (value.parse::<f64>().is_ok_and(|v| (0.0..=1.0).contains(&v)), "a number from 0 to 1")
+            }
             // -2: as `retention.*` (Kafka's default); -1: no limit.
-            "local.retention.ms" | "local.retention.bytes" => value.parse::<i64>().is_ok_and(|v| v >= -2),
+            "local.retention.ms" | "local.retention.bytes" => (
+                value.parse::<i64>().is_ok_and(|v| v >= -2),
+                "a whole number, at least -2 (-2: as retention.*, -1: no limit)",
+            ),
             _ => return Err(format!("unknown topic config {key:?}")),
         };
         if !ok {
-            return Err(format!("invalid value {value:?} for topic config {key:?}"));
+            return Err(format!("invalid value {value:?} for topic config {key:?}: it must be {expected}"));
         }
     }
     // As in Kafka: compaction rewrites sealed segments, which tiered storage copies once.
@@ -711,7 +729,8 @@ mod tests {
     }
 
     /// Nodes the proposer found down get no replica while enough others remain; when too
-    /// few remain, every registered node is a candidate again.
+    /// few remain, every partition gets all the live ones (one of them first, to lead) and
+    /// down nodes for the rest.
     #[test]
     fn placement_leaves_out_down_nodes_while_enough_remain() {
         let mut state = ClusterState::fresh();
@@ -733,7 +752,13 @@ mod tests {
         assert_eq!(create_with_down(&mut state, "a", 2, vec![4]).status, "created");
         assert_eq!(nodes_of(&state, "a"), [1, 2, 3].into());
         assert_eq!(create_with_down(&mut state, "b", 3, vec![2, 4]).status, "created");
-        assert_eq!(nodes_of(&state, "b"), [1, 2, 3, 4].into(), "too few up nodes: all are candidates");
+        for p in &state.topics["b"].partitions {
+            let nodes: Vec<u64> = p.replicas.iter().map(|r| r.node_id).collect();
+            assert_eq!(nodes.len(), 3);
+            assert!([1, 3].contains(&nodes[0]) && [1, 3].contains(&nodes[1]), "live nodes first: {nodes:?}");
+            assert!([2, 4].contains(&nodes[2]), "a down node fills the rest: {nodes:?}");
+        }
+        assert_eq!(nodes_of(&state, "b"), [1, 2, 3, 4].into(), "down nodes take turns filling");
     }
 
     #[test]
