@@ -363,11 +363,7 @@ impl ClusterState {
         let Some(target) = &p.target else {
             return result("conflict", "no move in progress");
         };
-        let mut asked = f.replica_ids.clone();
-        asked.sort_unstable();
-        let mut wanted: Vec<ReplicaId> = target.iter().map(|r| r.replica_id).collect();
-        wanted.sort_unstable();
-        if asked != wanted {
+        if !same_replicas(&f.replica_ids, target) {
             return result("conflict", "the move was replaced by another one");
         }
         if p.target_fixed {
@@ -388,11 +384,7 @@ impl ClusterState {
         let Some(target) = p.target.take() else {
             return result("exists", "no move in progress");
         };
-        let mut committed = c.replica_ids.clone();
-        committed.sort_unstable();
-        let mut wanted: Vec<ReplicaId> = target.iter().map(|r| r.replica_id).collect();
-        wanted.sort_unstable();
-        if committed != wanted {
+        if !same_replicas(&c.replica_ids, &target) {
             p.target = Some(target);
             return result("conflict", "the committed membership does not match the move target");
         }
@@ -415,6 +407,15 @@ impl ClusterState {
             .flat_map(|t| t.partitions.iter().map(move |p| (t.as_ref(), p)))
             .find(|(_, p)| p.group_id == group)
     }
+}
+
+/// Whether `ids` name the replicas of `target`, in any order.
+fn same_replicas(ids: &[ReplicaId], target: &[ReplicaRecord]) -> bool {
+    let mut asked = ids.to_vec();
+    asked.sort_unstable();
+    let mut wanted: Vec<ReplicaId> = target.iter().map(|r| r.replica_id).collect();
+    wanted.sort_unstable();
+    asked == wanted
 }
 
 /// Default `delete.retention.ms`: how long tombstones survive compaction (Kafka's default, one day).
