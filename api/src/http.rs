@@ -488,8 +488,12 @@ fn percent_decode(s: &str) -> Result<Vec<u8>, ApiError> {
 
 /// A partition number from a path or a query (`invalid_partition` when it is not one).
 fn partition_number(text: &str) -> Result<u32, ApiError> {
-    text.parse()
-        .map_err(|_| ApiError::bad("invalid_partition", format!("a partition is a number from 0 up, not {text:?}")))
+    // Digits only: `u32::from_str` also takes a leading `+`.
+    text.bytes()
+        .all(|b| b.is_ascii_digit())
+        .then(|| text.parse().ok())
+        .flatten()
+        .ok_or_else(|| ApiError::bad("invalid_partition", format!("a partition is a number from 0 up, not {text:?}")))
 }
 
 fn partition_of<'a>(t: &'a TopicRecord, partition: Option<u32>, key: &[u8]) -> Result<&'a PartitionRecord, ApiError> {
@@ -632,8 +636,20 @@ struct ProduceRecord {
     value: Option<String>,
     #[serde(default)]
     headers: BTreeMap<String, Option<String>>,
+    /// Any JSON value, so that a partition that is not one (`-1`, `"0"`) is refused as
+    /// `invalid_partition`, naming the record, rather than failing the whole body's parse.
     #[serde(default)]
-    partition: Option<u32>,
+    partition: Option<Value>,
+}
+
+/// The partition a record names, if it names one.
+fn record_partition(partition: Option<Value>, i: usize) -> Result<Option<u32>, ApiError> {
+    match partition {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_u64().and_then(|p| u32::try_from(p).ok()).map(Some).ok_or_else(|| {
+            ApiError::bad("invalid_partition", format!("record {i}: a partition is a number from 0 up, not {v}"))
+        }),
+    }
 }
 
 /// The bytes of a field of record `i` (`what`: "key", "value", "header value").
@@ -693,7 +709,7 @@ async fn produce_records(
         if value.as_ref().is_some_and(|v| v.len() > s.limits.value_bytes_max) {
             return Err(ApiError::TooLarge(format!("record {i}: value exceeds {} bytes", s.limits.value_bytes_max)));
         }
-        let partition = match (r.partition, &key) {
+        let partition = match (record_partition(r.partition, i)?, &key) {
             (Some(p), _) if p < n => p,
             (Some(p), _) => {
                 return Err(ApiError::bad("invalid_partition", format!("record {i}: partition {p} of {n}")));

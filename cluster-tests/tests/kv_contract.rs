@@ -743,6 +743,18 @@ async fn malformed_requests(cluster: &Cluster) -> Result<()> {
         (Method::GET, format!("/kv/{TOPIC}/k?partition=-1"), None),
         (Method::PUT, format!("/kv/{TOPIC}/k?partition=one"), Some(Body::Raw(b"v".to_vec()))),
         (Method::PUT, format!("/topics/{TOPIC}/partitions/-1/replicas"), Some(Body::Json(json!({"replicas": [1]})))),
+        (Method::GET, format!("/topics/{TOPIC}/partitions/+1/records?offset=0"), None),
+        (Method::GET, format!("/kv/{TOPIC}/k?partition=%2B0"), None),
+        (
+            Method::POST,
+            format!("/topics/{TOPIC}/records"),
+            Some(Body::Json(json!({"records": [{"key": "k", "value": "v", "partition": -1}]}))),
+        ),
+        (
+            Method::POST,
+            format!("/topics/{TOPIC}/records"),
+            Some(Body::Json(json!({"records": [{"key": "k", "value": "v", "partition": "0"}]}))),
+        ),
     ];
     for (method, path, body) in not_numbers {
         let reply = cluster.api().request(method, &format!("{}{path}", cluster.url(1)), body).await?;
