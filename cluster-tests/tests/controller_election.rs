@@ -86,3 +86,33 @@ async fn create_after_controller_death(cluster: &mut Cluster) -> Result<()> {
     api.put(&cluster.url(via), "after", b"k", b"v").await?.expect_status(200)?;
     Ok(())
 }
+
+/// A controller leader that is paused (SIGSTOP: its connections stay open, nothing answers)
+/// does not hold an admin write until the call's deadline: once the other nodes elect a new
+/// controller leader, the write goes there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_while_the_controller_leader_is_paused_goes_to_the_next_leader() -> Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    let outcome = create_while_controller_paused(&mut cluster).await;
+    cluster.finish(outcome)
+}
+
+async fn create_while_controller_paused(cluster: &mut Cluster) -> Result<()> {
+    let api = cluster.api().clone();
+    let view: Value = api.cluster(&cluster.url(1)).await?.json()?;
+    let leader = view["controller_leader"]
+        .as_u64()
+        .ok_or_else(|| logdex_cluster_tests::Error::Check(format!("no controller leader: {view}")))?;
+    let via = if leader == 1 { 2 } else { 1 };
+    // A first create leaves the node asked with an open connection to the leader.
+    api.create_topic(&cluster.url(via), &TopicSpec::compacted("warm", 1, 2)).await?.expect_status(201)?;
+    cluster.pause(leader)?;
+    let created = api.create_topic(&cluster.url(via), &TopicSpec::compacted("paused", 2, 2)).await?;
+    created.expect_status(201)?;
+    api.put(&cluster.url(via), "paused", b"k", b"v").await?.expect_status(200)?;
+    cluster.resume(leader)?;
+    // The same create again, through the node that was paused, finds the identical topic.
+    let again = api.create_topic(&cluster.url(leader), &TopicSpec::compacted("paused", 2, 2)).await?;
+    again.expect_status(200)?;
+    Ok(())
+}

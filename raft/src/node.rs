@@ -694,7 +694,27 @@ impl Node {
                     if forwarded {
                         return Err(Error::NotLeader { group: CONTROLLER_GROUP, leader_node: Some(node.node_id) });
                     }
-                    match self.remote_controller_write(&node.rpc_addr, cmd.clone(), true).await {
+                    // A leader that stops answering without closing its connections (paused,
+                    // or cut off) holds the call until its deadline; once this node sees
+                    // another leader, or an election, the command goes there instead. Should
+                    // the first call still commit, a create finds the identical topic (200).
+                    let wait = raft.wait(Some(OPERATION_TIMEOUT));
+                    let deposed = wait.metrics(|m| m.current_leader != Some(node.node_id), "controller leader changes");
+                    let call = tokio::select! {
+                        call = self.remote_controller_write(&node.rpc_addr, cmd.clone(), true) => call,
+                        Ok(_) = deposed => {
+                            tracing::info!(leader = node.node_id, "controller leader changed during a write; sending it to the next one");
+                            if tokio::time::Instant::now() >= election_deadline {
+                                return Err(Error::unavailable(format!(
+                                    "the controller leader, node {}, stopped answering; no other leader took the write in time",
+                                    node.node_id
+                                )));
+                            }
+                            tokio::time::sleep(LEADER_POLL).await;
+                            continue;
+                        }
+                    };
+                    match call {
                         // The leader this node knows is gone (nothing was sent): its successor
                         // takes the command once an election ends, bounded.
                         Err(Error::NodeUnreachable(m)) => {
@@ -1140,7 +1160,9 @@ impl Node {
             let rpc_addr = state.nodes.get(&r.node_id).map(|n| n.rpc_addr.clone()).unwrap_or_default();
             tracing::info!(group = hosted.group_id, replica = r.replica_id, node = r.node_id, "move: adding learner");
             let node = pb::Node { node_id: r.node_id, rpc_addr };
-            tokio::time::timeout(MOVE_STEP_TIMEOUT, hosted.raft.add_learner(r.replica_id, node, true))
+            // Not blocking: openraft would wait here, deaf to a replaced move, for a learner
+            // whose node is down; `await_catch_up` below waits for it and watches the target.
+            tokio::time::timeout(OPERATION_TIMEOUT, hosted.raft.add_learner(r.replica_id, node, false))
                 .await
                 .map_err(|_| Error::Timeout("adding a learner".into()))?
                 .map_err(Error::unavailable)?;
@@ -1387,6 +1409,11 @@ impl Node {
         Ok(())
     }
 
+    /// True while replica `replica` of `group` runs on this node.
+    fn hosts_replica(&self, group: GroupId, replica: ReplicaId) -> bool {
+        self.group(group).is_some_and(|g| g.replica_id == replica)
+    }
+
     fn partition_dir(&self, group: GroupId, replica: ReplicaId) -> PathBuf {
         self.inner.config.data_dir.join("partitions").join(format!("{group}-{replica}"))
     }
@@ -1409,6 +1436,11 @@ impl Node {
                 match tokio::task::spawn_blocking(move || p.checkpoint()).await {
                     Ok(Ok(())) => {
                         last.insert(g.group_id, hw);
+                    }
+                    // A replica removed meanwhile (a move took it away) may have lost its
+                    // files under the checkpoint: nothing of it is left to keep.
+                    Ok(Err(e)) if !self.hosts_replica(g.group_id, g.replica_id) => {
+                        tracing::debug!(group = g.group_id, error = %e, "checkpoint of a removed replica skipped");
                     }
                     Ok(Err(e)) => tracing::error!(group = g.group_id, error = %e, "checkpoint failed"),
                     Err(e) => tracing::error!(group = g.group_id, error = %e, "checkpoint task failed"),
@@ -1509,11 +1541,11 @@ impl Node {
                     let mut client = self.inner.pool.client(&addr).map_err(Error::unavailable)?;
                     let mut request = tonic::Request::new(request());
                     request.set_timeout(OPERATION_TIMEOUT);
-                    client.produce(request).await.map_err(|s| produce_error(group, s, true))?.into_inner()
+                    client.produce(request).await.map_err(|s| produce_error(group, node, s, true))?.into_inner()
                 }
                 // Nothing left this node: definitely not written.
                 Err(CallError::NotSent(s)) => return Err(Error::NodeUnreachable(s.message().to_string())),
-                Err(CallError::Failed(s)) => return Err(produce_error(group, s, false)),
+                Err(CallError::Failed(s)) => return Err(produce_error(group, node, s, false)),
             };
         match answer.result {
             Some(pb::produce_response::Result::BaseOffset(o)) => Ok(o),
@@ -1780,7 +1812,7 @@ impl Node {
 /// `connect_failed` marks a unary call, whose transport error names the connection attempt
 /// then. A call stream reports "not sent" itself; any other failure on it may have been
 /// written.
-fn produce_error(group: GroupId, status: tonic::Status, connect_failed: bool) -> Error {
+fn produce_error(group: GroupId, node: NodeId, status: tonic::Status, connect_failed: bool) -> Error {
     match status.code() {
         tonic::Code::Unavailable if connect_failed && status.message().contains("connect") => {
             Error::NodeUnreachable(status.message().to_string())
@@ -1789,8 +1821,27 @@ fn produce_error(group: GroupId, status: tonic::Status, connect_failed: bool) ->
         tonic::Code::OutOfRange => Error::TooLarge(status.message().to_string()),
         tonic::Code::NotFound => Error::NotLeader { group, leader_node: None },
         tonic::Code::DeadlineExceeded => Error::Timeout(status.message().to_string()),
+        // The transport broke (the leader's process died, say) after the write may have left:
+        // say so in words, with the transport's own text after them.
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled
+            if transport_broke(status.message()) =>
+        {
+            Error::Unavailable(format!(
+                "the connection to the partition leader on node {node} broke before it answered; \
+                 the write may or may not have been applied ({})",
+                status.message()
+            ))
+        }
         _ => Error::remote_unavailable(status.message()),
     }
+}
+
+/// True for the texts tonic and h2 give a connection that failed under a call (a peer's
+/// own errors travel as their `Error` text, which none of these begin with).
+fn transport_broke(message: &str) -> bool {
+    ["h2 protocol error", "transport error", "connection reset", "broken pipe", "operation was canceled"]
+        .iter()
+        .any(|marker| message.to_ascii_lowercase().contains(marker))
 }
 
 /// The file naming the node a data directory belongs to (`raft/FORMAT.md`).
@@ -2083,11 +2134,16 @@ mod tests {
         // A broken stream's status often names the connection ("connection reset"): the
         // write may have happened, so it must not look like a refused connection.
         let reset = tonic::Status::unavailable("error reading a body from connection: connection reset");
-        assert!(matches!(produce_error(7, reset.clone(), false), Error::Unavailable(_)));
-        assert!(matches!(produce_error(7, reset, true), Error::NodeUnreachable(_)));
+        assert!(matches!(produce_error(7, 2, reset.clone(), false), Error::Unavailable(_)));
+        assert!(matches!(produce_error(7, 2, reset, true), Error::NodeUnreachable(_)));
         let timeout = tonic::Status::deadline_exceeded("no answer");
-        assert!(matches!(produce_error(7, timeout, false), Error::Timeout(_)));
+        assert!(matches!(produce_error(7, 2, timeout, false), Error::Timeout(_)));
+        let died = tonic::Status::internal("h2 protocol error: error reading a body from connection");
+        let said = produce_error(7, 2, died, false).to_string();
+        assert!(said.contains("on node 2 broke") && said.contains("h2 protocol error"), "{said}");
+        let refused = tonic::Status::internal("unavailable: raft is shutting down");
+        assert_eq!(produce_error(7, 2, refused, false).to_string(), "unavailable: raft is shutting down");
         let moved = tonic::Status::not_found("group 7 is not hosted here");
-        assert!(matches!(produce_error(7, moved, false), Error::NotLeader { group: 7, leader_node: None }));
+        assert!(matches!(produce_error(7, 2, moved, false), Error::NotLeader { group: 7, leader_node: None }));
     }
 }
