@@ -70,11 +70,7 @@ async fn a_create_right_after_the_controller_leader_died_waits_for_the_next_lead
 
 async fn create_after_controller_death(cluster: &mut Cluster) -> Result<()> {
     let api = cluster.api().clone();
-    let view: Value = api.cluster(&cluster.url(1)).await?.json()?;
-    let leader = view["controller_leader"]
-        .as_u64()
-        .ok_or_else(|| logdex_cluster_tests::Error::Check(format!("no controller leader: {view}")))?;
-    let via = if leader == 1 { 2 } else { 1 };
+    let (leader, via) = controller_leader_and_another(cluster).await?;
     cluster.kill(leader)?;
     let created = api.create_topic(&cluster.url(via), &TopicSpec::compacted("after", 2, 2)).await?;
     created.expect_status(201)?;
@@ -99,11 +95,7 @@ async fn a_create_while_the_controller_leader_is_paused_goes_to_the_next_leader(
 
 async fn create_while_controller_paused(cluster: &mut Cluster) -> Result<()> {
     let api = cluster.api().clone();
-    let view: Value = api.cluster(&cluster.url(1)).await?.json()?;
-    let leader = view["controller_leader"]
-        .as_u64()
-        .ok_or_else(|| logdex_cluster_tests::Error::Check(format!("no controller leader: {view}")))?;
-    let via = if leader == 1 { 2 } else { 1 };
+    let (leader, via) = controller_leader_and_another(cluster).await?;
     // A first create leaves the node asked with an open connection to the leader.
     api.create_topic(&cluster.url(via), &TopicSpec::compacted("warm", 1, 2)).await?.expect_status(201)?;
     cluster.pause(leader)?;
@@ -115,4 +107,13 @@ async fn create_while_controller_paused(cluster: &mut Cluster) -> Result<()> {
     let again = api.create_topic(&cluster.url(leader), &TopicSpec::compacted("paused", 2, 2)).await?;
     again.expect_status(200)?;
     Ok(())
+}
+
+/// The controller leader node 1 names, and another node to send requests through.
+async fn controller_leader_and_another(cluster: &Cluster) -> Result<(u64, u64)> {
+    let view: Value = cluster.api().cluster(&cluster.url(1)).await?.json()?;
+    let leader = view["controller_leader"]
+        .as_u64()
+        .ok_or_else(|| logdex_cluster_tests::Error::Check(format!("no controller leader: {view}")))?;
+    Ok((leader, if leader == 1 { 2 } else { 1 }))
 }

@@ -700,35 +700,26 @@ impl Node {
                     // the first call still commit, a create finds the identical topic (200).
                     let wait = raft.wait(Some(OPERATION_TIMEOUT));
                     let deposed = wait.metrics(|m| m.current_leader != Some(node.node_id), "controller leader changes");
-                    let call = tokio::select! {
-                        call = self.remote_controller_write(&node.rpc_addr, cmd.clone(), true) => call,
+                    // Why the command goes to the next leader, and how long to wait first.
+                    let (why, pause) = tokio::select! {
+                        call = self.remote_controller_write(&node.rpc_addr, cmd.clone(), true) => match call {
+                            // The leader this node knows is gone (nothing was sent): its
+                            // successor takes the command once an election ends, bounded.
+                            Err(Error::NodeUnreachable(m)) => (m, CONTROLLER_RETRY),
+                            other => return other,
+                        },
                         Ok(_) = deposed => {
                             tracing::info!(leader = node.node_id, "controller leader changed during a write; sending it to the next one");
-                            if tokio::time::Instant::now() >= election_deadline {
-                                return Err(Error::unavailable(format!(
-                                    "the controller leader, node {}, stopped answering; no other leader took the write in time",
-                                    node.node_id
-                                )));
-                            }
-                            tokio::time::sleep(LEADER_POLL).await;
-                            continue;
+                            ("stopped answering".to_string(), LEADER_POLL)
                         }
                     };
-                    match call {
-                        // The leader this node knows is gone (nothing was sent): its successor
-                        // takes the command once an election ends, bounded.
-                        Err(Error::NodeUnreachable(m)) => {
-                            if tokio::time::Instant::now() >= election_deadline {
-                                return Err(Error::unavailable(format!(
-                                    "the controller leader, node {}, {m}; no other leader was elected meanwhile",
-                                    node.node_id
-                                )));
-                            }
-                            tokio::time::sleep(CONTROLLER_RETRY).await;
-                            continue;
-                        }
-                        other => return other,
+                    if tokio::time::Instant::now() >= election_deadline {
+                        return Err(Error::unavailable(format!(
+                            "the controller leader, node {}, {why}; no other leader took the write in time",
+                            node.node_id
+                        )));
                     }
+                    tokio::time::sleep(pause).await;
                 }
                 Ok(Err(e)) => return Err(Error::unavailable(e)),
             }
