@@ -1,6 +1,7 @@
 //! The CLI's client commands: HTTP calls against any node, printed as tables
 //! (or the server's JSON with `--json`).
 
+use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::io::IsTerminal;
 use std::io::Write;
@@ -363,6 +364,9 @@ async fn produce(topic: &str, batch: usize, target: &Target) -> Result<(), Strin
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     let mut total = 0u64;
+    // Learned at the first batch a node cannot take whole.
+    let mut partitions: Option<u32> = None;
+    let mut keyless_next = 0u32;
     loop {
         let mut records = Vec::with_capacity(batch);
         for line in lines.by_ref().take(batch) {
@@ -378,7 +382,23 @@ async fn produce(topic: &str, batch: usize, target: &Target) -> Result<(), Strin
         }
         let n = records.len() as u64;
         let path = format!("/topics/{}/records", encode_key(topic.as_bytes()));
-        c.json_call(reqwest::Method::POST, &path, &json!({ "records": records })).await?.ok()?;
+        let answer = c.json_call(reqwest::Method::POST, &path, &json!({ "records": records })).await?;
+        if answer.status == reqwest::StatusCode::MISDIRECTED_REQUEST {
+            // A node started with `--forward=false` takes a batch whole only when it leads
+            // every partition the batch names (nothing was written): send each partition's
+            // records on its own, each to its leader through the redirect.
+            let partitions = match partitions {
+                Some(p) => p,
+                None => *partitions.insert(partition_count(&c, topic).await?),
+            };
+            for (partition, part) in split_by_partition(records, partitions, &mut keyless_next) {
+                let body = json!({ "records": part });
+                let answer = c.json_call(reqwest::Method::POST, &path, &body).await?;
+                answer.ok().map_err(|e| format!("partition {partition}: {e}"))?;
+            }
+        } else {
+            answer.ok()?;
+        }
         total += n;
         if progress {
             eprint!("\rproduced {total} records");
@@ -389,6 +409,35 @@ async fn produce(topic: &str, batch: usize, target: &Target) -> Result<(), Strin
     }
     println!("produced {total} records to {topic}");
     Ok(())
+}
+
+/// The number of partitions of `topic`.
+async fn partition_count(c: &Client, topic: &str) -> Result<u32, String> {
+    let v = c.get(&format!("/topics/{}", encode_key(topic.as_bytes()))).await?.ok()?.json()?;
+    v["partitions"]
+        .as_array()
+        .map(|p| p.len() as u32)
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("topic {topic} was described without partitions: {v}"))
+}
+
+/// `records` (`{"key", "value"}` objects) grouped by the partition the server would give
+/// them (Kafka's murmur2 of the key; records without a key in turn), each naming it, in
+/// partition order and in their own order within a partition.
+fn split_by_partition(records: Vec<Value>, partitions: u32, keyless_next: &mut u32) -> BTreeMap<u32, Vec<Value>> {
+    let mut out: BTreeMap<u32, Vec<Value>> = BTreeMap::new();
+    for mut record in records {
+        let partition = match record["key"].as_str() {
+            Some(key) => crate::murmur2::partition_for_key(key.as_bytes(), partitions),
+            None => {
+                *keyless_next = keyless_next.wrapping_add(1);
+                *keyless_next % partitions
+            }
+        };
+        record["partition"] = json!(partition);
+        out.entry(partition).or_default().push(record);
+    }
+    out
 }
 
 /// A key or value of a base64 fetch page as one field of a `consume` line: UTF-8 text with
@@ -492,6 +541,39 @@ fn cause_of(e: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_split_by_partition_keeps_each_keys_partition_and_the_record_order() {
+        let records: Vec<Value> = (0..40)
+            .map(|i| {
+                if i % 4 == 3 {
+                    json!({ "value": format!("v{i}") })
+                } else {
+                    json!({ "key": format!("k{i}"), "value": format!("v{i}") })
+                }
+            })
+            .collect();
+        let mut keyless_next = 0;
+        let split = split_by_partition(records.clone(), 6, &mut keyless_next);
+        assert_eq!(split.values().map(Vec::len).sum::<usize>(), records.len());
+        let mut keyless_partitions = std::collections::BTreeSet::new();
+        for (partition, part) in &split {
+            for r in part {
+                assert_eq!(r["partition"], json!(partition));
+                match r["key"].as_str() {
+                    Some(key) => assert_eq!(crate::murmur2::partition_for_key(key.as_bytes(), 6), *partition),
+                    None => {
+                        keyless_partitions.insert(*partition);
+                    }
+                }
+            }
+            // In the order of the input within each partition.
+            let numbers: Vec<u32> =
+                part.iter().filter_map(|r| r["value"].as_str()?.strip_prefix('v')?.parse().ok()).collect();
+            assert!(numbers.windows(2).all(|w| w[0] < w[1]), "partition {partition}: {numbers:?}");
+        }
+        assert_eq!(keyless_partitions.len(), 6, "records without a key spread over every partition");
+    }
 
     #[test]
     fn consume_fields_are_escaped_so_tabs_newlines_and_bytes_cannot_break_a_line() -> Result<(), String> {

@@ -30,6 +30,27 @@ async fn cli(url: &str, args: &[&str]) -> Result<(bool, String, String)> {
     Ok((out.status.success(), text(&out.stdout), text(&out.stderr)))
 }
 
+/// Runs `logdex <args> --url <url>` with `input` on its stdin; returns (success, stdout, stderr).
+async fn cli_with_input(url: &str, args: &[&str], input: &str) -> Result<(bool, String, String)> {
+    use tokio::io::AsyncWriteExt;
+    let mut command = tokio::process::Command::new(binary_path()?);
+    command.args(args).args(["--url", url]).env_remove("LOGDEX_URL").kill_on_drop(true);
+    command
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = command.spawn().map_err(|e| Error::io(format!("running logdex {args:?}"), e))?;
+    let mut stdin = child.stdin.take().ok_or_else(|| Error::Check("the CLI's stdin is not piped".into()))?;
+    stdin.write_all(input.as_bytes()).await.map_err(|e| Error::io("writing the CLI's stdin", e))?;
+    drop(stdin);
+    let out = tokio::time::timeout(CLI_TIMEOUT, child.wait_with_output())
+        .await
+        .map_err(|_| Error::Check(format!("logdex {args:?} against {url} ran over {CLI_TIMEOUT:?}")))?
+        .map_err(|e| Error::io(format!("running logdex {args:?}"), e))?;
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    Ok((out.status.success(), text(&out.stdout), text(&out.stderr)))
+}
+
 /// [`cli`] until it succeeds; only a 503 (the cluster still electing) is retried.
 async fn cli_ok(url: &str, args: &[&str]) -> Result<String> {
     let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
@@ -90,6 +111,42 @@ async fn cli_commands_follow_redirects_of_nodes_that_do_not_forward() -> Result<
         cli_ok(&urls[0], &["del", "users", "k0"]).await?;
         let (ok, _, stderr) = cli(&urls[1], &["get", "users", "k0"]).await?;
         ensure!(!ok && stderr.contains("404"), "a deleted key is 404 through any node, got: {stderr}");
+        Ok(())
+    }
+    .await;
+    cluster.finish(outcome)
+}
+
+/// `logdex produce` against a node that does not forward: a batch spanning partitions led by
+/// different nodes is refused whole (421, nothing written), and the CLI sends each
+/// partition's records to its leader instead; every record lands once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_produce_splits_a_batch_whose_partitions_have_different_leaders() -> Result<()> {
+    const RECORDS: usize = 90;
+    let options = ClusterOptions {
+        node_env: vec![("LOGDEX_FORWARD".to_string(), "false".to_string())],
+        ..ClusterOptions::plain(NODES)
+    };
+    let cluster = Cluster::start_with(options).await?;
+    let outcome = async {
+        let url = cluster.url(1);
+        cli_ok(&url, &["topic", "create", "spread", "--partitions", "6", "--replication-factor", "1"]).await?;
+        let topic = cluster.wait_for_leaders("spread", SETTLE_TIMEOUT).await?;
+        let leaders: std::collections::BTreeSet<u64> = topic.partitions.iter().filter_map(|p| p.leader).collect();
+        ensure!(leaders.len() > 1, "the partitions' leaders are on one node only: {leaders:?}");
+        // Every third record has no key (a line without a tab).
+        let input: String = (0..RECORDS)
+            .map(|i| if i % 3 == 2 { format!("keyless {i}\n") } else { format!("key-{i}\tvalue {i}\n") })
+            .collect();
+        let (ok, stdout, stderr) = cli_with_input(&url, &["produce", "spread", "--batch", "30"], &input).await?;
+        ensure!(ok, "logdex produce failed: {stderr}");
+        ensure!(stdout.contains(&format!("produced {RECORDS} records")), "produce said: {stdout}");
+        let written: u64 = cluster.describe("spread").await?.partitions.iter().map(|p| p.high_watermark).sum();
+        ensure_eq!(written, RECORDS as u64, "records in the topic after one produce of {RECORDS}");
+        for i in [0, 1, 45, 88] {
+            let got = cli_ok(&url, &["get", "spread", &format!("key-{i}")]).await?;
+            ensure_eq!(got.trim_end(), format!("value {i}"), "get key-{i}");
+        }
         Ok(())
     }
     .await;
