@@ -208,14 +208,14 @@ async fn create_topic(State(s): State<AppState>, body: Bytes) -> Result<Response
     let registered: Vec<u64> = s.router.node.cluster().nodes.keys().copied().collect();
     let answering: std::collections::HashSet<u64> =
         s.router.statuses(registered.iter().copied()).await.iter().map(|st| st.node_id).collect();
-    let down_nodes = registered.into_iter().filter(|n| !answering.contains(n)).collect();
+    let down_nodes: Vec<u64> = registered.into_iter().filter(|n| !answering.contains(n)).collect();
     let cmd = pb::ControllerCommand {
         kind: Some(pb::controller_command::Kind::CreateTopic(pb::CreateTopic {
             name: req.name.clone(),
             partitions: req.partitions,
             replication_factor,
             config: config.into_iter().collect(),
-            down_nodes,
+            down_nodes: down_nodes.clone(),
         })),
     };
     let result = s.router.node.controller_write(cmd, false).await?;
@@ -223,18 +223,24 @@ async fn create_topic(State(s): State<AppState>, body: Bytes) -> Result<Response
         return Err(e);
     }
     let status = if result.status == "created" { StatusCode::CREATED } else { StatusCode::OK };
-    let topic = wait_topic_ready(&s, &req.name).await?;
+    let topic = wait_topic_ready(&s, &req.name, &down_nodes).await?;
     Ok((status, Json(describe(&s, &topic).await)).into_response())
 }
 
-/// Waits (bounded) until the local controller replica knows the topic and
-/// every partition has a leader, so a write right after creation succeeds.
-async fn wait_topic_ready(s: &AppState, name: &str) -> Result<Arc<TopicRecord>, ApiError> {
+/// Waits (bounded) until the local controller replica knows the topic and every partition
+/// has a leader, so a write right after creation succeeds. A partition with too few of its
+/// replicas on live nodes (not in `down`) to elect one is not waited for: it has no leader
+/// until those nodes return, and describe says so.
+async fn wait_topic_ready(s: &AppState, name: &str, down: &[u64]) -> Result<Arc<TopicRecord>, ApiError> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let can_elect = |p: &PartitionRecord| {
+        let live = p.replicas.iter().filter(|r| !down.contains(&r.node_id)).count();
+        live * 2 > p.replicas.len()
+    };
     loop {
         if let Some(topic) = s.router.node.cluster().topics.get(name).cloned() {
             let mut all = true;
-            for p in &topic.partitions {
+            for p in topic.partitions.iter().filter(|p| can_elect(p)) {
                 if s.router.find_leader(p).await.is_none() {
                     all = false;
                     break;

@@ -351,5 +351,23 @@ async fn create_with_a_node_down(cluster: &mut Cluster) -> Result<()> {
     for k in 0..20 {
         api.put(&cluster.url(2), topic, format!("k-{k}").as_bytes(), b"v").await?.expect_status(200)?;
     }
+    // With nodes 3 and 4 down, a topic of 4 replicas has only 2 live ones per partition, too
+    // few to elect a leader: the create answers at once (it waited 15 s for leaders before),
+    // and the partitions get their leaders when the nodes return.
+    cluster.kill(3)?;
+    let wide = "wide";
+    let asked = Instant::now();
+    let created = api.create_topic(&cluster.url(1), &TopicSpec::compacted(wide, 2, 4)).await?;
+    created.expect_status(201)?;
+    let took = asked.elapsed();
+    ensure!(took < Duration::from_secs(10), "the create waited {took:?} for leaders that cannot be elected");
+    let d: Value = created.json()?;
+    for p in d["partitions"].as_array().into_iter().flatten() {
+        ensure!(p["leader"].is_null(), "a partition with 2 of 4 replicas live has a leader: {p}");
+    }
+    cluster.restart(3).await?;
+    cluster.restart(4).await?;
+    cluster.wait_for_leaders(wide, Duration::from_secs(30)).await?;
+    api.put(&cluster.url(1), wide, b"k", b"v").await?.expect_status(200)?;
     Ok(())
 }
