@@ -391,10 +391,15 @@ async fn produce(topic: &str, batch: usize, target: &Target) -> Result<(), Strin
                 Some(p) => p,
                 None => *partitions.insert(partition_count(&c, topic).await?),
             };
+            let mut sent = 0;
             for (partition, part) in split_by_partition(records, partitions, &mut keyless_next) {
+                let count = part.len() as u64;
                 let body = json!({ "records": part });
                 let answer = c.json_call(reqwest::Method::POST, &path, &body).await?;
-                answer.ok().map_err(|e| format!("partition {partition}: {e}"))?;
+                answer.ok().map_err(|e| {
+                    format!("partition {partition}: {e} ({} records written before this one)", total + sent)
+                })?;
+                sent += count;
             }
         } else {
             answer.ok()?;
