@@ -5,7 +5,8 @@
 //! The quorum round of a strict read (a heartbeat from the leader) travels as a call on
 //! the call streams, or on append streams to nodes that do not take heartbeat calls.
 //! A leader holds back requests that only carry a new commit index for a moment, and
-//! neither reads nor the end of a burst of writes wait on them for long.
+//! neither reads nor the end of a burst of writes wait on them for long. A follower's
+//! read sent right after its leader was killed or paused waits for the next leader.
 
 use logdex_cluster_tests::Cluster;
 use logdex_cluster_tests::Read;
@@ -123,6 +124,64 @@ async fn rounds(cluster: &Cluster) -> Result<()> {
             ensure!(read.header_u64("x-kv-offset")? >= offset, "round {round}: stale offset from node {follower}");
             ensure_eq!(read.header_u64("x-kv-node")?, follower, "round {round}: read was not served by the follower");
         }
+    }
+    Ok(())
+}
+
+/// A follower's `linearizable` and `strict` reads sent right after its partition's leader
+/// was killed (SIGKILL) wait for the next leader and answer the acknowledged value, not
+/// 503: a follower learns that its leader is gone only when an election timer fires, up to
+/// the longest election timeout (3 s by default) after the last heartbeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_reads_right_after_the_leader_is_killed_wait_for_the_next_leader() -> Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    let outcome = async {
+        let (leader, followers) = written_key_and_its_replicas(&cluster).await?;
+        cluster.kill(leader)?;
+        reads_during_the_election(&cluster, followers).await
+    }
+    .await;
+    cluster.finish(outcome)
+}
+
+/// The same with the leader paused (SIGSTOP) rather than killed: the read-index call to it
+/// runs out its deadline, and the read asks the next leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_reads_right_after_the_leader_is_paused_wait_for_the_next_leader() -> Result<()> {
+    let cluster = Cluster::start(3).await?;
+    let outcome = async {
+        let (leader, followers) = written_key_and_its_replicas(&cluster).await?;
+        cluster.pause(leader)?;
+        let read = reads_during_the_election(&cluster, followers).await;
+        cluster.resume(leader)?;
+        read
+    }
+    .await;
+    cluster.finish(outcome)
+}
+
+/// Creates the one-partition topic and writes `key` = `before-the-fault` through its leader;
+/// returns the leader and its followers.
+async fn written_key_and_its_replicas(cluster: &Cluster) -> Result<(u64, [u64; 2])> {
+    let api = cluster.api();
+    let created = api.create_topic(&cluster.url(1), &TopicSpec::compacted(TOPIC, 1, 3)).await?;
+    created.expect_status(201)?;
+    let (leader, followers) = leader_and_followers(cluster).await?;
+    api.put(&cluster.url(leader), TOPIC, b"key", b"before-the-fault").await?.expect_status(200)?;
+    Ok((leader, followers))
+}
+
+/// One `linearizable` read on one follower and one `strict` read on the other, at once.
+async fn reads_during_the_election(cluster: &Cluster, followers: [u64; 2]) -> Result<()> {
+    let api = cluster.api();
+    let (lin_url, strict_url) = (cluster.url(followers[0]), cluster.url(followers[1]));
+    let (lin_read, strict_read) = (Read::mode(ReadMode::Linearizable), Read::mode(ReadMode::Strict));
+    let (lin, strict) =
+        tokio::join!(api.get(&lin_url, TOPIC, b"key", &lin_read), api.get(&strict_url, TOPIC, b"key", &strict_read));
+    for (node, mode, read) in [(followers[0], "linearizable", lin), (followers[1], "strict", strict)] {
+        let read = read?;
+        ensure_eq!(read.status, 200, "{mode} read on node {node} during the election: {}", read.summary());
+        ensure_eq!(read.text(), "before-the-fault", "{mode} read on node {node}");
     }
     Ok(())
 }

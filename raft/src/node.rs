@@ -71,8 +71,12 @@ const TIER_READ_ATTEMPTS: usize = 3;
 const CONTROLLER_LEADER_WAIT: Duration = Duration::from_secs(8);
 /// How often a controller write whose leader cannot be reached asks again (an election).
 const CONTROLLER_RETRY: Duration = Duration::from_millis(100);
-/// How long a `linearizable` or `strict` read waits for its replica to learn a leader.
-const LEADER_WAIT_MAX: Duration = Duration::from_secs(1);
+/// How long a `linearizable` or `strict` read waits for a leader that answers, beyond
+/// the longest election timeout and one read-index call's deadline: a follower learns
+/// that its leader died only when an election timer fires (up to the maximum election
+/// timeout after the last heartbeat), a call to a paused leader runs out its deadline
+/// first, and the election and the new leader's first heartbeat take a little more.
+const READ_LEADER_WAIT_MARGIN: Duration = Duration::from_secs(1);
 /// How often that wait looks again.
 const LEADER_POLL: Duration = Duration::from_millis(20);
 /// Bytes of sealed segments the scrub reads per cleaner pass, over all of a node's replicas
@@ -1555,8 +1559,10 @@ impl Node {
         }
         let strict = mode == ReadMode::Strict;
         // A replica that does not know its leader yet (an election, a restart, a replica
-        // a move just added) waits for one, bounded, before answering 503.
-        let deadline = tokio::time::Instant::now() + LEADER_WAIT_MAX;
+        // a move just added), or whose leader does not answer (killed, paused, cut off),
+        // waits for one that answers, bounded by an election's length, before 503.
+        let election_max = Duration::from_millis(self.inner.config.election_timeout_max_ms);
+        let deadline = tokio::time::Instant::now() + election_max + RPC_TIMEOUT + READ_LEADER_WAIT_MARGIN;
         let read_index = loop {
             match self.read_index_once(hosted, strict, deadline).await {
                 Ok(index) => break index,
@@ -1606,7 +1612,15 @@ impl Node {
                 Box::pin(async move { node.remote_read_indexes(leader, strict, headers).await })
             });
             let header = pb::GroupHeader { group_id: hosted.group_id, target_replica: leader_replica };
-            coalescer.get(header, fetch).await
+            // A leader that stops answering without closing its connections (paused, cut
+            // off) holds the call until its deadline; once this replica sees another
+            // leader, or an election, the read asks there instead.
+            let wait = hosted.raft.wait(Some(deadline.saturating_duration_since(tokio::time::Instant::now())));
+            let deposed = wait.metrics(|m| m.current_leader != Some(leader_replica), "partition leader changes");
+            tokio::select! {
+                answer = coalescer.get(header, fetch) => answer,
+                Ok(_) = deposed => Err(Error::NotLeader { group: hosted.group_id, leader_node: None }),
+            }
         } else {
             hosted.leader_read_log_id(strict).await.map(|l| l.index)
         }
@@ -1646,6 +1660,9 @@ impl Node {
             .into_iter()
             .map(|i| match answers.get(i) {
                 Some(Ok(index)) => Ok(*index),
+                Some(Err(Error::Unavailable(m))) => {
+                    Err(Error::Unavailable(format!("leader node {leader} gave no read index: {m}")))
+                }
                 Some(Err(e)) => Err(Error::unavailable(e.to_string())),
                 None => Err(Error::unavailable("read-index batch answered fewer groups than it was asked")),
             })
