@@ -16,7 +16,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run one node. With no flags: a single-node cluster on 127.0.0.1:8080 with data in ./logdex-data.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Start a local cluster of N nodes on loopback and print each node's HTTP URL; Ctrl-C stops it.
     Dev(DevArgs),
     /// Benchmark a running cluster (load, get1, getc, noop: the no-work floor), a node's restart (recovery,
@@ -210,7 +210,7 @@ pub fn run(cli: Cli) -> Result<(), String> {
     let runtime = builder.enable_all().build().map_err(|e| format!("cannot start the runtime: {e}"))?;
     runtime.block_on(async move {
         match command {
-            Command::Serve(args) => crate::serve::serve(args).await,
+            Command::Serve(args) => crate::serve::serve(*args).await,
             Command::Dev(args) => crate::dev::dev(args).await,
             Command::Bench(args) => crate::bench::run(args).await,
             other => crate::client::run(other).await,
@@ -254,6 +254,25 @@ mod tests {
         assert!(parse(&["--tls-key-file", "k.pem", "--tls-ca-file", "ca.pem"]).is_err());
         assert!(parse(&["--tls-ca-file", "ca.pem"]).is_err());
         assert!(parse(&["--tls-cert-file", "c.pem", "--tls-key-file", "k.pem", "--tls-ca-file", "ca.pem"]).is_ok());
+    }
+
+    /// The loaded group-commit wait is taken from 0 to 100 ms, 1 ms when not given.
+    #[test]
+    fn group_commit_wait_is_checked_at_parse() -> Result<(), Box<dyn std::error::Error>> {
+        let parse = |flags: &[&str]| Cli::try_parse_from([&["logdex", "serve"], flags].concat());
+        let wait = |flags: &[&str]| -> Result<u64, Box<dyn std::error::Error>> {
+            match parse(flags)?.command {
+                Some(Command::Serve(serve)) => Ok(serve.group_commit_wait_us),
+                _ => Err("not serve".into()),
+            }
+        };
+        assert_eq!(wait(&[])?, 1000);
+        assert_eq!(wait(&["--group-commit-wait-us", "0"])?, 0);
+        assert_eq!(wait(&["--group-commit-wait-us", "100000"])?, 100_000);
+        let refused = parse(&["--group-commit-wait-us", "100001"]).err().ok_or("100001 was taken")?;
+        assert!(refused.to_string().contains("100000"), "{refused}");
+        assert!(parse(&["--group-commit-wait-us", "-1"]).is_err());
+        Ok(())
     }
 
     #[test]

@@ -11,8 +11,9 @@
 //!   `IOFlushed` callback to the node's syncer thread, which completes it only
 //!   after `persist(SyncData)` returned: one fsync serves every group that
 //!   appended meanwhile (group commit). Before an fsync the syncer waits for
-//!   more appends: [`GROUP_COMMIT_LINGER_LOADED`] while many writes wait on the
-//!   node ([`WriteLoad`]) and the last fsync served several groups, else
+//!   more appends: the loaded wait (`--group-commit-wait-us`, 1 ms by default) while
+//!   many writes wait on the node ([`WriteLoad`]) and the last fsync served several
+//!   groups, else
 //!   [`GROUP_COMMIT_LINGER`] while the last fsync served several requests, else
 //!   not at all.
 //! - `save_vote` returns only after such a fsync.
@@ -66,13 +67,16 @@ const RAFT_LOG_MEMTABLE_BYTES: u64 = 16 * 1024 * 1024;
 /// How long the syncer waits for more appends before an fsync while it is busy.
 const GROUP_COMMIT_LINGER: std::time::Duration = std::time::Duration::from_micros(500);
 
-/// How long it waits while at least [`LOADED_WRITES`] writes wait on the node. Each of them
-/// then spends milliseconds queued behind the others (about 9 ms at 32 in flight on a 2-core
-/// machine), so the wait adds little to their time and saves fsyncs and wake-ups, which are
-/// what the writes queue for (ARCHITECTURE.md, "Durability and recovery").
-const GROUP_COMMIT_LINGER_LOADED: std::time::Duration = std::time::Duration::from_millis(4);
+/// The default of how long it waits while at least [`LOADED_WRITES`] writes wait on the
+/// node (`--group-commit-wait-us`). Each of them then spends milliseconds queued behind the
+/// others, so the wait adds little to their time and saves fsyncs and wake-ups. Longer
+/// saves more CPU per write and adds more latency: the best wait follows the machine
+/// (BENCHMARKS.md, rounds 14, 18 and 19).
+pub const GROUP_COMMIT_WAIT_LOADED_DEFAULT: std::time::Duration = std::time::Duration::from_millis(1);
+/// The longest loaded wait a node accepts.
+pub const GROUP_COMMIT_WAIT_LOADED_MAX: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// Writes waiting on a node from which the syncer takes [`GROUP_COMMIT_LINGER_LOADED`]...
+/// Writes waiting on a node from which the syncer takes the loaded wait...
 const LOADED_WRITES: usize = 8;
 /// ...when the last fsync served the appends of at least this many groups.
 const LOADED_GROUPS: usize = 3;
@@ -126,7 +130,7 @@ pub struct SyncStats {
     pub requests: std::sync::atomic::AtomicU64,
     /// Total time spent in fsync, in microseconds.
     pub fsync_micros: std::sync::atomic::AtomicU64,
-    /// fsyncs that waited [`GROUP_COMMIT_LINGER_LOADED`] for more appends.
+    /// fsyncs that took the loaded wait for more appends.
     pub loaded_lingers: std::sync::atomic::AtomicU64,
 }
 
@@ -137,7 +141,9 @@ enum SyncJob {
 }
 
 impl RaftLogDb {
-    pub fn open(path: &Path) -> crate::Result<Arc<RaftLogDb>> {
+    /// Opens the node's Raft log at `path`; its syncer waits `loaded_wait` for more appends
+    /// before an fsync while the node is loaded (see the module's notes).
+    pub fn open(path: &Path, loaded_wait: std::time::Duration) -> crate::Result<Arc<RaftLogDb>> {
         let db = Database::builder(path).open()?;
         let ks =
             db.keyspace("raft_log", || KeyspaceCreateOptions::default().max_memtable_size(RAFT_LOG_MEMTABLE_BYTES))?;
@@ -151,6 +157,7 @@ impl RaftLogDb {
             poisoned: poisoned.clone(),
             load: load.clone(),
             stats: stats.clone(),
+            loaded_wait,
         };
         std::thread::Builder::new().name("raft-log-sync".into()).spawn(move || run_syncer(&thread, rx))?;
         Ok(Arc::new(RaftLogDb { db, ks, syncer, poisoned, stats, load }))
@@ -202,6 +209,7 @@ struct Syncer {
     poisoned: Arc<AtomicBool>,
     load: WriteLoad,
     stats: Arc<SyncStats>,
+    loaded_wait: std::time::Duration,
 }
 
 /// What the last fsync served.
@@ -228,34 +236,49 @@ impl Served {
     }
 }
 
-/// How long the syncer waits for more appends before its next fsync, given the writes
-/// waiting on the node and what the last fsync served. A lone writer never waits. The long
-/// wait needs appends of several groups: a group's entries in flight wait for this very
-/// fsync, so a group alone could add nothing to it, and its writes would only wait longer
-/// (a one-partition `load` lost 5% with the long wait by load alone).
-fn linger(writes_waiting: usize, last: Served) -> std::time::Duration {
+/// How long the syncer waits for more appends before its next fsync.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Linger {
+    /// Not at all.
+    None,
+    /// [`GROUP_COMMIT_LINGER`].
+    Busy,
+    /// The loaded wait.
+    Loaded,
+}
+
+/// The wait before the next fsync, given the writes waiting on the node and what the last
+/// fsync served. A lone writer never waits. The loaded wait needs appends of several
+/// groups: a group's entries in flight wait for this very fsync, so a group alone could add
+/// nothing to it, and its writes would only wait longer (a one-partition `load` lost 5%
+/// with the long wait by load alone).
+fn linger(writes_waiting: usize, last: Served) -> Linger {
     if writes_waiting >= LOADED_WRITES && last.groups >= LOADED_GROUPS {
-        GROUP_COMMIT_LINGER_LOADED
+        Linger::Loaded
     } else if last.requests > 1 {
-        GROUP_COMMIT_LINGER
+        Linger::Busy
     } else {
-        std::time::Duration::ZERO
+        Linger::None
     }
 }
 
 fn run_syncer(syncer: &Syncer, rx: mpsc::Receiver<SyncJob>) {
-    let Syncer { db, dir, poisoned, load, stats } = syncer;
+    let Syncer { db, dir, poisoned, load, stats, loaded_wait } = syncer;
     let dir = dir.as_path();
     // Under load, a wait lets more appends share the next fsync (fewer fsyncs and wake-ups,
     // less CPU per write).
     let mut last = Served::default();
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
-        let wait = linger(load.current(), last);
-        if !wait.is_zero() {
-            if wait == GROUP_COMMIT_LINGER_LOADED {
+        let wait = match linger(load.current(), last) {
+            Linger::None => std::time::Duration::ZERO,
+            Linger::Busy => GROUP_COMMIT_LINGER,
+            Linger::Loaded => {
                 stats.loaded_lingers.fetch_add(1, Ordering::Relaxed);
+                *loaded_wait
             }
+        };
+        if !wait.is_zero() {
             std::thread::sleep(wait);
         }
         while let Ok(job) = rx.try_recv() {
@@ -469,15 +492,14 @@ mod tests {
     #[test]
     fn syncer_waits_long_only_while_many_writes_of_several_groups_wait() {
         let served = |requests, groups| Served { requests, groups };
-        let zero = std::time::Duration::ZERO;
-        assert_eq!(linger(0, served(0, 0)), zero, "a lone writer waited");
-        assert_eq!(linger(1, served(1, 1)), zero, "a lone writer waited");
-        assert_eq!(linger(1, served(2, 2)), GROUP_COMMIT_LINGER);
-        assert_eq!(linger(LOADED_WRITES - 1, served(9, 9)), GROUP_COMMIT_LINGER, "a light load waited long");
-        assert_eq!(linger(LOADED_WRITES, served(6, LOADED_GROUPS)), GROUP_COMMIT_LINGER_LOADED);
-        assert_eq!(linger(10 * LOADED_WRITES, served(6, LOADED_GROUPS + 3)), GROUP_COMMIT_LINGER_LOADED);
+        assert_eq!(linger(0, served(0, 0)), Linger::None, "a lone writer waited");
+        assert_eq!(linger(1, served(1, 1)), Linger::None, "a lone writer waited");
+        assert_eq!(linger(1, served(2, 2)), Linger::Busy);
+        assert_eq!(linger(LOADED_WRITES - 1, served(9, 9)), Linger::Busy, "a light load waited long");
+        assert_eq!(linger(LOADED_WRITES, served(6, LOADED_GROUPS)), Linger::Loaded);
+        assert_eq!(linger(10 * LOADED_WRITES, served(6, LOADED_GROUPS + 3)), Linger::Loaded);
         // One busy group: its entries in flight wait for this fsync, nobody else could join it.
-        assert_eq!(linger(10 * LOADED_WRITES, served(5, LOADED_GROUPS - 1)), GROUP_COMMIT_LINGER);
+        assert_eq!(linger(10 * LOADED_WRITES, served(5, LOADED_GROUPS - 1)), Linger::Busy);
     }
 
     #[test]

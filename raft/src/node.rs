@@ -135,6 +135,9 @@ pub struct NodeConfig {
     /// Bytes of records (read by lookups or just applied) kept in memory for the next lookups
     /// of their keys (shared by every replica of the node; 0: none). See `crate::record_cache`.
     pub record_cache_bytes: u64,
+    /// How long the Raft log's fsync thread waits for more appends before an fsync while
+    /// the node is loaded (`crate::log_store`).
+    pub group_commit_wait: Duration,
 }
 
 impl NodeConfig {
@@ -150,6 +153,12 @@ impl NodeConfig {
         }
         if self.election_timeout_max_ms <= self.election_timeout_min_ms {
             return Err(Error::Invalid("election timeout max must exceed min".into()));
+        }
+        if self.group_commit_wait > crate::log_store::GROUP_COMMIT_WAIT_LOADED_MAX {
+            return Err(Error::Invalid(format!(
+                "group commit wait must be at most {} ms",
+                crate::log_store::GROUP_COMMIT_WAIT_LOADED_MAX.as_millis()
+            )));
         }
         if self.join.is_none() && !self.peers.iter().any(|(id, _)| *id == self.node_id) {
             return Err(Error::Invalid(format!("peer list must contain this node ({})", self.node_id)));
@@ -296,7 +305,7 @@ impl Node {
         // Both databases replay their journals when they open (the index's, about 2 s per
         // million keys after a crash: BENCHMARKS.md, "tenth round"), so they open side by side.
         let (raft_log, index) = std::thread::scope(|scope| {
-            let raft_log = scope.spawn(|| RaftLogDb::open(&config.data_dir.join("raft")));
+            let raft_log = scope.spawn(|| RaftLogDb::open(&config.data_dir.join("raft"), config.group_commit_wait));
             let index = Index::open(&config.data_dir.join("index"), config.index.clone());
             (raft_log.join(), index)
         });

@@ -31,7 +31,8 @@ fn storage_error(e: impl std::fmt::Display) -> StorageError<TypeConfig> {
 impl StoreBuilder<TypeConfig, GroupLogStore, GroupStateMachine, tempfile::TempDir> for Builder {
     async fn build(&self) -> Result<(tempfile::TempDir, GroupLogStore, GroupStateMachine), StorageError<TypeConfig>> {
         let dir = tempfile::tempdir().map_err(storage_error)?;
-        let db = RaftLogDb::open(&dir.path().join("raft")).map_err(storage_error)?;
+        let db = RaftLogDb::open(&dir.path().join("raft"), logdex_raft::log_store::GROUP_COMMIT_WAIT_LOADED_DEFAULT)
+            .map_err(storage_error)?;
         let index = Index::open(&dir.path().join("index"), IndexConfig::default()).map_err(storage_error)?;
         let partition_dir = dir.path().join("partition");
         let (partition, state) =

@@ -41,7 +41,7 @@ pub async fn start_node_unready(
         vec!["logdex", "serve", "--data-dir", &data_dir, "--http-addr", "127.0.0.1:0", "--rpc-addr", rpc_addr];
     args.extend_from_slice(extra);
     let Some(Command::Serve(serve)) = Cli::parse_from(args).command else { return Err("not a serve command".into()) };
-    let node = logdex_api::serve::start(serve).await?;
+    let node = logdex_api::serve::start(*serve).await?;
     let url = format!("http://{}", node.http_addr);
     Ok((node, url))
 }
