@@ -74,8 +74,10 @@ const CONTROLLER_RETRY: Duration = Duration::from_millis(100);
 /// How long a `linearizable` or `strict` read waits for a leader that answers, beyond
 /// the longest election timeout and one read-index call's deadline: a follower learns
 /// that its leader died only when an election timer fires (up to the maximum election
-/// timeout after the last heartbeat), a call to a paused leader runs out its deadline
-/// first, and the election and the new leader's first heartbeat take a little more.
+/// timeout after the last heartbeat), an election can take more than one round, and the
+/// new leader's first heartbeat takes a little more. (6 s with the default timeouts; a
+/// write waits up to 8 s for a leader. A 4 s bound was too short in tests: the new
+/// leader of a killed one was known later than that in every run.)
 const READ_LEADER_WAIT_MARGIN: Duration = Duration::from_secs(1);
 /// How often that wait looks again.
 const LEADER_POLL: Duration = Duration::from_millis(20);
@@ -1623,12 +1625,16 @@ impl Node {
             let header = pb::GroupHeader { group_id: hosted.group_id, target_replica: leader_replica };
             // A leader that stops answering without closing its connections (paused, cut
             // off) holds the call until its deadline; once this replica sees another
-            // leader, or an election, the read asks there instead.
+            // leader, or an election, the read asks there instead. The read's own bound
+            // ends the wait too.
             let wait = hosted.raft.wait(Some(deadline.saturating_duration_since(tokio::time::Instant::now())));
             let deposed = wait.metrics(|m| m.current_leader != Some(leader_replica), "partition leader changes");
             tokio::select! {
                 answer = coalescer.get(header, fetch) => answer,
                 Ok(_) = deposed => Err(Error::NotLeader { group: hosted.group_id, leader_node: None }),
+                () = tokio::time::sleep_until(deadline) => {
+                    Err(Error::unavailable(format!("leader node {leader} gave no read index in time")))
+                }
             }
         } else {
             hosted.leader_read_log_id(strict).await.map(|l| l.index)
