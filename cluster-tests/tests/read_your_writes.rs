@@ -144,8 +144,9 @@ async fn follower_reads_right_after_the_leader_is_killed_wait_for_the_next_leade
     cluster.finish(outcome)
 }
 
-/// The same with the leader paused (SIGSTOP) rather than killed: the read-index call to it
-/// runs out its deadline, and the read asks the next leader.
+/// The same with the leader paused (SIGSTOP) rather than killed: the paused leader holds the
+/// read-index call unanswered, and the follower gives it up for the next leader once it sees
+/// an election.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follower_reads_right_after_the_leader_is_paused_wait_for_the_next_leader() -> Result<()> {
     let cluster = Cluster::start(3).await?;
