@@ -110,7 +110,8 @@ pub struct ServeArgs {
     /// Raise it when writes are CPU-bound (slow disk, busy cores); lower it when they are not.
     #[arg(long, env = "LOGDEX_GROUP_COMMIT_WAIT_US",
           default_value_t = logdex_raft::log_store::GROUP_COMMIT_WAIT_LOADED_DEFAULT.as_micros() as u64,
-          value_parser = clap::value_parser!(u64).range(0..=100_000))]
+          value_parser = clap::value_parser!(u64)
+              .range(0..=logdex_raft::log_store::GROUP_COMMIT_WAIT_LOADED_MAX.as_micros() as u64))]
     pub group_commit_wait_us: u64,
     /// Snapshot a group after this many applied entries; its Raft log is purged behind the snapshot.
     #[arg(long, env = "LOGDEX_SNAPSHOT_EVERY", default_value_t = logdex_raft::node::SNAPSHOT_EVERY_ENTRIES)]

@@ -1628,7 +1628,8 @@ impl Node {
             // off) holds the call until its deadline; once this replica sees another
             // leader, or an election, the read asks there instead. The read's own bound
             // ends the wait too.
-            let wait = hosted.raft.wait(Some(deadline.saturating_duration_since(tokio::time::Instant::now())));
+            // (No timer of its own: the read's bound below ends it.)
+            let wait = hosted.raft.wait(None);
             let deposed = wait.metrics(|m| m.current_leader != Some(leader_replica), "partition leader changes");
             tokio::select! {
                 answer = coalescer.get(header, fetch) => answer,
