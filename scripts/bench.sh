@@ -8,7 +8,8 @@
 #      the load and right before the lookups; once more before the load and after
 #      everything, listed below the table),
 #      get1 (linearizable, strict, follower), getc (linearizable, follower),
-#      get1 and getc again over the gRPC client API; writes and linearizable lookups go to
+#      get1 and getc again over the gRPC client API (against the floor of the gRPC
+#      no-work call, `Noop`); writes and linearizable lookups go to
 #      the key's partition leader (`--route leader`, as a Kafka client routes), and once
 #      more to any node (`--route any`, the node forwards; listed below the table); then recovery and rebuild
 #      (a single node of their own with 1,000,000 keys);
@@ -161,7 +162,12 @@ GRPC_URLS=()
 for p in "${RPC_PORTS[@]}"; do GRPC_URLS+=(--url "http://127.0.0.1:$p"); done
 # The admin URL tells the gRPC runs which node leads each partition.
 GRPC_URLS+=(--admin-url "http://127.0.0.1:${HTTP_PORTS[0]}")
-echo "bench: logdex bench get1/getc --protocol grpc"
+echo "bench: logdex bench noop/get1/getc --protocol grpc"
+# The gRPC rows' floor: the no-work call over the same gRPC client and server.
+"$LOGDEX" bench noop --protocol grpc --concurrency 1 --requests "$GET1_REQUESTS" "${GRPC_URLS[@]}" --json \
+  | tee -a "$RESULTS"
+"$LOGDEX" bench noop --protocol grpc --concurrency "$CONCURRENCY" --duration-secs "$DURATION_SECS" \
+  "${GRPC_URLS[@]}" --json | tee -a "$RESULTS"
 "$LOGDEX" bench get1 --protocol grpc --read linearizable,follower --requests "$GET1_REQUESTS" "${GRPC_URLS[@]}" \
   --keys "$KEYS" --value-bytes "$VALUE_BYTES" --json | tee -a "$RESULTS"
 "$LOGDEX" bench getc --protocol grpc --read linearizable,follower --concurrency "$CONCURRENCY" \

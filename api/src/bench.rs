@@ -35,8 +35,8 @@ use crate::client::encode_key;
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// What to run: load (write --keys keys), get1 (one client, closed loop, per read mode), getc
-    /// (--concurrency clients for --duration-secs), noop (the floor: GET /bench/noop, a fixed
-    /// 100-byte body), recovery and rebuild (on a node of their own), or report (the comparison
+    /// (--concurrency clients for --duration-secs), noop (the floor: GET /bench/noop, or the gRPC
+    /// Noop call with --protocol grpc, a fixed 100-byte body), recovery and rebuild (on a node of their own), or report (the comparison
     /// table from JSON-lines files given with --input).
     #[arg(value_enum)]
     pub workload: Workload,
@@ -45,7 +45,7 @@ pub struct BenchArgs {
     /// node's RPC address (`http://HOST:RPC_PORT`, where the gRPC client API is served).
     #[arg(long = "url", default_value = "http://127.0.0.1:8081")]
     pub urls: Vec<String>,
-    /// How load, get1 and getc reach the nodes: HTTP/1.1 keep-alive, or the gRPC client API.
+    /// How load, get1, getc and noop reach the nodes: HTTP/1.1 keep-alive, or the gRPC client API.
     #[arg(long, value_enum, default_value_t = Protocol::Http)]
     pub protocol: Protocol,
     /// Which node a write or a linearizable or strict lookup is sent to: `leader`, the node
@@ -184,9 +184,6 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     let urls: Vec<String> = args.urls.iter().map(|u| u.trim_end_matches('/').to_string()).collect();
     let grpc = match args.protocol {
         Protocol::Http => None,
-        Protocol::Grpc if args.workload == Workload::Noop => {
-            return Err("noop is the HTTP floor; it has no gRPC form".into());
-        }
         Protocol::Grpc => Some(grpc_clients(&urls, Duration::from_millis(args.request_timeout_ms))?),
     };
     let bounded = |concurrency: usize, single_requests: Option<u64>, single_secs: u64, many_secs: u64| {
@@ -529,7 +526,12 @@ async fn client_loop(ctx: &Ctx, shared: &Shared, worker: usize, limit: u64, dead
 async fn one(ctx: &Ctx, worker: usize, seq: u64) -> Outcome {
     let pick = |n: usize| (worker.wrapping_add(seq as usize)) % n;
     let request = match &ctx.op {
-        Op::Noop { urls } => ctx.http.get(&urls[pick(urls.len())]),
+        Op::Noop { urls } => {
+            if let Some(clients) = &ctx.grpc {
+                return noop_grpc(clients[pick(clients.len())].clone()).await;
+            }
+            ctx.http.get(&urls[pick(urls.len())])
+        }
         Op::Put { targets } => {
             let key = format!("key-{:08}", if seq >= ctx.keys { seq % ctx.keys.max(1) } else { seq });
             let node = targets.node(key.as_bytes(), pick);
@@ -580,6 +582,15 @@ async fn put_grpc(ctx: &Ctx, mut client: GrpcClient, key: String, value: Vec<u8>
         crate::grpc::pb::PutRequest { topic: ctx.topic.clone(), key: key.into_bytes(), value, partition: None };
     match client.put(request).await {
         Ok(_) => Outcome::Ok,
+        Err(s) => Outcome::Error(format!("{:?}: {}", s.code(), s.message())),
+    }
+}
+
+/// The no-work call over the gRPC client API.
+async fn noop_grpc(mut client: GrpcClient) -> Outcome {
+    match client.noop(crate::grpc::pb::NoopRequest {}).await {
+        Ok(r) if r.get_ref().body.len() == 100 => Outcome::Ok,
+        Ok(r) => Outcome::Error(format!("body of {} bytes, expected 100", r.get_ref().body.len())),
         Err(s) => Outcome::Error(format!("{:?}: {}", s.code(), s.message())),
     }
 }
@@ -642,15 +653,21 @@ fn render_report(inputs: &[PathBuf]) -> Result<String, String> {
         }
     }
     let find = |pred: &dyn Fn(&RunReport) -> bool| runs.iter().rev().find(|r| pred(r)).cloned();
-    let floor1 = find(&|r| r.system == "floor" && r.concurrency == 1);
-    let floorc = find(&|r| r.system == "floor" && r.concurrency > 1);
+    // The floor of a row: the no-work call over the row's protocol, with one client or many; a
+    // gRPC row without a gRPC floor is compared with the HTTP one.
+    let floor = |grpc: bool, many: bool| {
+        let of = |protocol: Option<&str>| {
+            find(&|r| r.system == "floor" && (r.concurrency > 1) == many && r.protocol.as_deref() == protocol)
+        };
+        if grpc { of(Some("grpc")).or_else(|| of(None)) } else { of(None) }
+    };
     let is_peer = |system: &str| !system.starts_with("logdex") && !system.starts_with("floor");
     let peer_of = |w: &str| find(&|r| is_peer(&r.system) && r.workload == w);
     let peer_name = runs.iter().map(|r| r.system.clone()).find(|s| is_peer(s));
     let peer_name = peer_name.unwrap_or_else(|| "peer".into());
     let mut out = String::new();
     out.push_str(&format!(
-        "| measure | logdex | floor (no-work handler) | {peer_name} | logdex/floor | logdex/{peer_name} | target | met |\n\
+        "| measure | logdex | floor (no-work call, same protocol) | {peer_name} | logdex/floor | logdex/{peer_name} | target | met |\n\
          |---|---:|---:|---:|---:|---:|---|---|\n"
     ));
     let mut row = |measure: String, l: f64, floor: Option<f64>, peer: Option<f64>, target: &str, met: Option<bool>| {
@@ -678,6 +695,8 @@ fn render_report(inputs: &[PathBuf]) -> Result<String, String> {
             (None, None) => String::new(),
         };
         let read = read.as_str();
+        let grpc = r.protocol.as_deref() == Some("grpc");
+        let (floor1, floorc) = (floor(grpc, false), floor(grpc, true));
         match r.workload.as_str() {
             "load" => {
                 let peer = peer_of("load");
@@ -746,9 +765,11 @@ fn render_report(inputs: &[PathBuf]) -> Result<String, String> {
             row(measure, r.ready_ms, None, None, target, met);
         }
     }
-    for r in runs.iter().filter(|r| r.system.starts_with("floor-")) {
+    let floor_runs = runs.iter().filter(|r| r.system.starts_with("floor-") || r.system == "floor");
+    for r in floor_runs.filter(|r| r.system != "floor" || r.protocol.is_some()) {
+        let protocol = r.protocol.as_ref().map(|p| format!(" [{p}]")).unwrap_or_default();
         out.push_str(&format!(
-            "\n{} (noop, {} clients): p50 {} us, p99 {} us, {}/s",
+            "\n{}{protocol} (noop, {} clients): p50 {} us, p99 {} us, {}/s",
             r.system,
             r.concurrency,
             fmt_num(r.p50_us),
@@ -822,6 +843,36 @@ mod tests {
         assert!(table.contains("\nlogdex-one-partition (load, 32 in flight): 9000/s"), "labelled runs below: {table}");
         assert!(!table.contains("| load"), "a labelled run is not a row of the table: {table}");
         assert!(table.contains("| nats | logdex/floor | logdex/nats |"), "a labelled run is not the peer: {table}");
+        Ok(())
+    }
+
+    #[test]
+    fn grpc_rows_are_compared_with_the_grpc_floor_when_one_was_measured() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("results.jsonl");
+        let run = |system: &str, workload: &str, read: Option<&str>, protocol: Option<&str>, p50: f64| {
+            let mut r = Stats::default().report(system, workload, read.map(String::from), 1, Duration::from_secs(1));
+            r.p50_us = p50;
+            r.protocol = protocol.map(String::from);
+            serde_json::to_string(&r)
+        };
+        let http_floor = run("floor", "noop", None, None, 100.0)?;
+        let grpc_floor = run("floor", "noop", None, Some("grpc"), 125.0)?;
+        let grpc_get = run("logdex", "get1", Some("follower"), Some("grpc"), 150.0)?;
+        let http_get = run("logdex", "get1", Some("follower"), None, 120.0)?;
+
+        std::fs::write(&path, [http_floor.clone(), grpc_floor, grpc_get.clone(), http_get].join("\n"))?;
+        let table = render_report(std::slice::from_ref(&path))?;
+        assert!(table.contains("| get1 follower [grpc]: p50 us | 150 | 125 |  | 1.20 |"), "{table}");
+        assert!(table.contains("| get1 follower: p50 us | 120 | 100 |  | 1.20 |"), "{table}");
+        assert!(table.contains("\nfloor [grpc] (noop, 1 clients): p50 125 us"), "the gRPC floor is listed: {table}");
+
+        std::fs::write(&path, [http_floor, grpc_get].join("\n"))?;
+        let table = render_report(&[path])?;
+        assert!(
+            table.contains("| get1 follower [grpc]: p50 us | 150 | 100 |  | 1.50 |"),
+            "HTTP floor as before: {table}"
+        );
         Ok(())
     }
 

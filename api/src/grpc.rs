@@ -404,4 +404,16 @@ impl Logdex for Service {
             high_watermark: v["high_watermark"].as_u64().unwrap_or(0),
         }))
     }
+
+    async fn noop(&self, request: Request<pb::NoopRequest>) -> Result<Response<pb::NoopResponse>, Status> {
+        let started = Instant::now();
+        let guard = &self.state.guard;
+        let answer = guard
+            .admit_call(authorization(&request).as_deref())
+            .map(|_slot| pb::NoopResponse { body: crate::http::NOOP_BODY.to_vec() });
+        let status = answer.as_ref().map_or_else(ApiError::status, |_| StatusCode::OK);
+        // Counted as the HTTP route it stands for, as `Get` is.
+        guard.metrics.observe(&Method::GET, crate::http::NOOP_ROUTE, status, started.elapsed());
+        answer.map(Response::new).map_err(|e| status_of_error(&e))
+    }
 }

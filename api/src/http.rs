@@ -74,8 +74,12 @@ const X_KV_HIGH_WATERMARK: HeaderName = HeaderName::from_static("x-kv-high-water
 const X_KV_NODE: HeaderName = HeaderName::from_static("x-kv-node");
 const X_KV_TIMESTAMP: HeaderName = HeaderName::from_static("x-kv-timestamp");
 
-/// Body of `GET /bench/noop`: the benchmark's floor, a round trip with no work.
-const NOOP_BODY: &[u8; 100] = &[b'x'; 100];
+/// Body of `GET /bench/noop` and of the gRPC `Noop`: the benchmark's floor, a round trip with
+/// no work.
+pub(crate) const NOOP_BODY: &[u8; 100] = &[b'x'; 100];
+
+/// The route of the no-work handler.
+pub(crate) const NOOP_ROUTE: &str = "/bench/noop";
 
 #[derive(Clone)]
 pub struct AppState {
@@ -111,7 +115,7 @@ pub fn app(state: AppState) -> AxumRouter {
         .route("/kv/{topic}/", axum::routing::any(|| async { empty_key() }))
         .route("/cluster", get(cluster))
         .route("/healthz", get(|| async { "ok" }))
-        .route("/bench/noop", get(|| async { NOOP_BODY }))
+        .route(NOOP_ROUTE, get(|| async { NOOP_BODY }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route_layer(axum::middleware::from_fn_with_state(state.guard.clone(), crate::middleware::guard))

@@ -128,6 +128,13 @@ impl Guard {
         self.in_flight_slot()
     }
 
+    /// What [`guard`] checks before a call that is neither a lookup nor open (the gRPC `Noop`):
+    /// the bearer token and the in-flight bound.
+    pub fn admit_call(&self, authorization: Option<&str>) -> Result<tokio::sync::SemaphorePermit<'_>, ApiError> {
+        self.check_token(authorization)?;
+        self.in_flight_slot()
+    }
+
     /// A place among the requests in flight, or 503 when all are taken.
     fn in_flight_slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, ApiError> {
         self.in_flight

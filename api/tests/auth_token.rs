@@ -1,5 +1,5 @@
 //! `--auth-token-file`: every HTTP request but the health, readiness and metrics endpoints,
-//! and every client gRPC call, needs `Authorization: Bearer <token>`; without it, or with
+//! and every client gRPC call (the no-work `Noop` too), needs `Authorization: Bearer <token>`; without it, or with
 //! another token, 401 `unauthorized` (gRPC: UNAUTHENTICATED).
 
 mod common;
@@ -59,6 +59,17 @@ async fn requests_without_the_bearer_token_answer_401_over_http_and_grpc() -> Te
     let got = client.get(with_token).await?.into_inner();
     assert!(got.found);
     assert_eq!(got.value, b"w");
+
+    let refused = client.noop(pb::NoopRequest {}).await.err().ok_or("a gRPC Noop without a token answered")?;
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    let mut with_token = tonic::Request::new(pb::NoopRequest {});
+    with_token.metadata_mut().insert("authorization", bearer.parse()?);
+    assert_eq!(client.noop(with_token).await?.into_inner().body, [b'x'; 100], "the floor's fixed body");
+    let metrics = http.get(format!("{url}/metrics")).send().await?.text().await?;
+    for status in [200, 401] {
+        let series = format!("method=\"GET\",route=\"/bench/noop\",status=\"{status}\"");
+        assert!(metrics.lines().any(|l| l.contains(&series)), "Noop counted with {status}: {metrics}");
+    }
     node.shutdown().await;
     Ok(())
 }
