@@ -579,7 +579,7 @@ async fn one(ctx: &Ctx, worker: usize, seq: u64) -> Outcome {
 /// A put over the gRPC client API.
 async fn put_grpc(ctx: &Ctx, mut client: GrpcClient, key: String, value: Vec<u8>) -> Outcome {
     let request =
-        crate::grpc::pb::PutRequest { topic: ctx.topic.clone(), key: key.into_bytes(), value, partition: None };
+        crate::grpc::pb::PutRequest { topic: ctx.topic.clone(), key: key.into_bytes(), value, ..Default::default() };
     match client.put(request).await {
         Ok(_) => Outcome::Ok,
         Err(s) => Outcome::Error(format!("{:?}: {}", s.code(), s.message())),
@@ -603,13 +603,8 @@ async fn get_grpc(ctx: &Ctx, mut client: GrpcClient, key: String, mode: &str) ->
         "follower" => pb::ReadMode::Follower,
         _ => pb::ReadMode::Linearizable,
     };
-    let request = pb::GetRequest {
-        topic: ctx.topic.clone(),
-        key: key.into_bytes(),
-        read: read as i32,
-        partition: None,
-        min_offset: None,
-    };
+    let request =
+        pb::GetRequest { topic: ctx.topic.clone(), key: key.into_bytes(), read: read as i32, ..Default::default() };
     match client.get(request).await {
         Ok(r) => {
             let r = r.into_inner();

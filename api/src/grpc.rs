@@ -189,12 +189,11 @@ impl Service {
     async fn write(
         &self,
         method: &str,
-        topic: &str,
-        key: &[u8],
-        partition: Option<u32>,
+        at: KeyAt<'_>,
         value: Vec<u8>,
         auth: Option<String>,
     ) -> Result<Response<pb::WriteResponse>, Status> {
+        let KeyAt { topic, key, partition, forward } = at;
         let topic = topic_segment(topic)?;
         // The key's bound is checked here, before it is encoded into a URI (which has a
         // bound of its own), with the answer HTTP gives.
@@ -207,7 +206,7 @@ impl Service {
         if let Some(p) = partition {
             uri.push_str(&format!("&partition={p}"));
         }
-        let a = self.call(method, uri, value, auth).await?;
+        let a = self.call(method, with_forward(uri, forward), value, auth).await?;
         if !a.status.is_success() {
             return Err(self.with_rpc_redirect(status_of(a.status, &a.body, &a.headers)));
         }
@@ -233,7 +232,7 @@ impl Service {
         if let Some(m) = r.min_offset {
             uri.push_str(&format!("&min_offset={m}"));
         }
-        let a = self.call("GET", uri, Vec::new(), auth).await?;
+        let a = self.call("GET", with_forward(uri, r.forward), Vec::new(), auth).await?;
         let found = a.status == StatusCode::OK;
         let key_not_found = a.status == StatusCode::NOT_FOUND && a.headers.contains_key("x-kv-partition");
         if !found && !key_not_found {
@@ -251,6 +250,24 @@ impl Service {
     }
 }
 
+/// Where a `Put` or `Delete` writes.
+struct KeyAt<'a> {
+    topic: &'a str,
+    key: &'a [u8],
+    partition: Option<u32>,
+    /// The request's `forward`; `None` follows the node's `--forward`.
+    forward: Option<bool>,
+}
+
+/// `uri` with the request's `forward` as HTTP's `forward=` query parameter, when it has one.
+fn with_forward(mut uri: String, forward: Option<bool>) -> String {
+    if let Some(forward) = forward {
+        uri.push(if uri.contains('?') { '&' } else { '?' });
+        uri.push_str(if forward { "forward=true" } else { "forward=false" });
+    }
+    uri
+}
+
 fn authorization<T>(request: &Request<T>) -> Option<String> {
     request.metadata().get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string)
 }
@@ -264,13 +281,15 @@ impl Logdex for Service {
     async fn put(&self, request: Request<pb::PutRequest>) -> Result<Response<pb::WriteResponse>, Status> {
         let auth = authorization(&request);
         let r = request.into_inner();
-        self.write("PUT", &r.topic, &r.key, r.partition, r.value, auth).await
+        let at = KeyAt { topic: &r.topic, key: &r.key, partition: r.partition, forward: r.forward };
+        self.write("PUT", at, r.value, auth).await
     }
 
     async fn delete(&self, request: Request<pb::DeleteRequest>) -> Result<Response<pb::WriteResponse>, Status> {
         let auth = authorization(&request);
         let r = request.into_inner();
-        self.write("DELETE", &r.topic, &r.key, r.partition, Vec::new(), auth).await
+        let at = KeyAt { topic: &r.topic, key: &r.key, partition: r.partition, forward: r.forward };
+        self.write("DELETE", at, Vec::new(), auth).await
     }
 
     async fn get(&self, request: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {
@@ -288,7 +307,7 @@ impl Logdex for Service {
                 mode,
                 partition: r.partition,
                 min_offset: r.min_offset,
-                hop: Hop { forwarded: false, forward: s.forward_default },
+                hop: Hop { forwarded: false, forward: r.forward.unwrap_or(s.forward_default) },
             };
             crate::http::lookup(s, request).await
         }
@@ -340,7 +359,7 @@ impl Logdex for Service {
             .collect();
         let body = serde_json::to_vec(&json!({ "records": records, "encoding": "base64" }))
             .map_err(|e| Status::internal(e.to_string()))?;
-        let a = self.call("POST", format!("/topics/{topic}/records"), body, auth).await?;
+        let a = self.call("POST", with_forward(format!("/topics/{topic}/records"), r.forward), body, auth).await?;
         if !a.status.is_success() {
             return Err(self.with_rpc_redirect(status_of(a.status, &a.body, &a.headers)));
         }
@@ -371,7 +390,7 @@ impl Logdex for Service {
             "/topics/{topic}/partitions/{}/records?offset={}&max_records={max_records}&max_bytes={max_bytes}&read={mode}",
             r.partition, r.offset,
         );
-        let a = self.call("GET", uri, Vec::new(), auth).await?;
+        let a = self.call("GET", with_forward(uri, r.forward), Vec::new(), auth).await?;
         if !a.status.is_success() {
             return Err(self.with_rpc_redirect(status_of(a.status, &a.body, &a.headers)));
         }

@@ -43,11 +43,11 @@ async fn requests_without_the_bearer_token_answer_401_over_http_and_grpc() -> Te
     }
 
     let mut client = LogdexClient::connect(format!("http://{}", node.rpc_addr)).await?;
-    let get = || pb::GetRequest { topic: "t".into(), key: b"k".to_vec(), read: 0, partition: None, min_offset: None };
+    let get = || pb::GetRequest { topic: "t".into(), key: b"k".to_vec(), read: 0, ..Default::default() };
     let refused = client.get(get()).await.err().ok_or("a gRPC Get without a token answered")?;
     assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
     assert!(refused.message().starts_with("unauthorized"), "{}", refused.message());
-    let put = pb::PutRequest { topic: "t".into(), key: b"k".to_vec(), value: b"w".to_vec(), partition: None };
+    let put = pb::PutRequest { topic: "t".into(), key: b"k".to_vec(), value: b"w".to_vec(), ..Default::default() };
     let refused = client.put(put.clone()).await.err().ok_or("a gRPC Put without a token answered")?;
     assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
 

@@ -27,27 +27,23 @@ async fn grpc_put_get_delete_round_trip_with_binary_key() -> TestResult {
     let mut client = LogdexClient::connect(format!("http://{}", node.rpc_addr)).await?;
     let key = vec![0u8, 0xff, b'/', b'%', 7];
     let put = client
-        .put(pb::PutRequest { topic: "t".into(), key: key.clone(), value: b"v1".to_vec(), partition: None })
+        .put(pb::PutRequest { topic: "t".into(), key: key.clone(), value: b"v1".to_vec(), ..Default::default() })
         .await?
         .into_inner();
     let got = client
-        .get(pb::GetRequest { topic: "t".into(), key: key.clone(), read: 0, partition: None, min_offset: None })
+        .get(pb::GetRequest { topic: "t".into(), key: key.clone(), read: 0, ..Default::default() })
         .await?
         .into_inner();
     assert!(got.found);
     assert_eq!(got.value, b"v1");
     assert_eq!((got.partition, got.offset), (put.partition, put.offset));
     assert!(got.high_watermark > got.offset);
-    client.delete(pb::DeleteRequest { topic: "t".into(), key: key.clone(), partition: None }).await?;
-    let gone = client
-        .get(pb::GetRequest { topic: "t".into(), key, read: 2, partition: None, min_offset: None })
-        .await?
-        .into_inner();
+    client.delete(pb::DeleteRequest { topic: "t".into(), key: key.clone(), ..Default::default() }).await?;
+    let gone = client.get(pb::GetRequest { topic: "t".into(), key, read: 2, ..Default::default() }).await?.into_inner();
     assert!(!gone.found);
     assert_eq!(gone.partition, put.partition);
-    let unknown = client
-        .get(pb::GetRequest { topic: "nope".into(), key: b"k".to_vec(), read: 0, partition: None, min_offset: None })
-        .await;
+    let unknown =
+        client.get(pb::GetRequest { topic: "nope".into(), key: b"k".to_vec(), read: 0, ..Default::default() }).await;
     let status = unknown.err().ok_or("unknown topic answered")?;
     assert_eq!(status.code(), tonic::Code::NotFound);
     assert!(status.message().starts_with("topic_not_found"), "{}", status.message());
@@ -70,11 +66,12 @@ async fn grpc_produce_then_fetch_returns_records_in_order() -> TestResult {
         },
         pb::Record { key: Some(b"a".to_vec()), value: None, headers: Default::default(), partition: Some(1) },
     ];
-    let produced = client.produce(pb::ProduceRequest { topic: "t".into(), records }).await?.into_inner();
+    let produced =
+        client.produce(pb::ProduceRequest { topic: "t".into(), records, ..Default::default() }).await?.into_inner();
     assert_eq!(produced.offsets.len(), 2);
     assert_eq!(produced.offsets[1].offset, produced.offsets[0].offset + 1);
     let fetched = client
-        .fetch(pb::FetchRequest { topic: "t".into(), partition: 1, offset: 0, max_records: 10, max_bytes: 0, read: 0 })
+        .fetch(pb::FetchRequest { topic: "t".into(), partition: 1, max_records: 10, ..Default::default() })
         .await?
         .into_inner();
     assert_eq!(fetched.records.len(), 2);
@@ -98,7 +95,7 @@ async fn grpc_bad_topic_names_read_modes_and_sizes_are_refused_and_touch_nothing
         topic: topic.into(),
         key: key.to_vec(),
         value,
-        partition: None,
+        ..Default::default()
     };
     client.put(put("t", b"bob", b"kept".to_vec())).await?;
     let expect =
@@ -110,20 +107,13 @@ async fn grpc_bad_topic_names_read_modes_and_sizes_are_refused_and_touch_nothing
         };
     for topic in ["t/bob?", "t/forced?partition=1&", "t#frag", "bad name!", "a/b"] {
         expect(client.put(put(topic, b"zzz", b"injected".to_vec())).await, tonic::Code::NotFound, "topic_not_found")?;
-        let deleted = client.delete(pb::DeleteRequest { topic: topic.into(), key: b"zzz".to_vec(), partition: None });
+        let deleted =
+            client.delete(pb::DeleteRequest { topic: topic.into(), key: b"zzz".to_vec(), ..Default::default() });
         expect(deleted.await, tonic::Code::NotFound, "topic_not_found")?;
-        let fetched = client
-            .fetch(pb::FetchRequest {
-                topic: topic.into(),
-                partition: 0,
-                offset: 0,
-                max_records: 1,
-                max_bytes: 0,
-                read: 0,
-            })
-            .await;
+        let fetched =
+            client.fetch(pb::FetchRequest { topic: topic.into(), max_records: 1, ..Default::default() }).await;
         assert_eq!(fetched.err().map(|s| s.code()), Some(tonic::Code::NotFound), "fetch of topic {topic:?}");
-        let produced = client.produce(pb::ProduceRequest { topic: topic.into(), records: Vec::new() }).await;
+        let produced = client.produce(pb::ProduceRequest { topic: topic.into(), ..Default::default() }).await;
         assert_eq!(produced.err().map(|s| s.code()), Some(tonic::Code::NotFound), "produce to topic {topic:?}");
     }
     let bob = client.get(get_request("t", b"bob")).await?.into_inner();
@@ -137,9 +127,8 @@ async fn grpc_bad_topic_names_read_modes_and_sizes_are_refused_and_touch_nothing
         let status = got.err().ok_or("an unknown read mode was served")?;
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
         assert!(status.message().starts_with("invalid_read_mode"), "{status:?}");
-        let fetched = client
-            .fetch(pb::FetchRequest { topic: "t".into(), partition: 0, offset: 0, max_records: 1, max_bytes: 0, read })
-            .await;
+        let fetched =
+            client.fetch(pb::FetchRequest { topic: "t".into(), max_records: 1, read, ..Default::default() }).await;
         assert_eq!(fetched.err().map(|s| s.code()), Some(tonic::Code::InvalidArgument), "fetch with read {read}");
     }
 
@@ -151,7 +140,7 @@ async fn grpc_bad_topic_names_read_modes_and_sizes_are_refused_and_touch_nothing
 }
 
 fn get_request(topic: &str, key: &[u8]) -> pb::GetRequest {
-    pb::GetRequest { topic: topic.into(), key: key.to_vec(), read: 0, partition: None, min_offset: None }
+    pb::GetRequest { topic: topic.into(), key: key.to_vec(), read: 0, ..Default::default() }
 }
 
 fn header_u64(response: &reqwest::Response, name: &str) -> TestResult<u64> {
@@ -230,8 +219,18 @@ async fn grpc_get_answers_what_the_http_lookup_answers() -> TestResult {
 /// A gRPC `Get` on a node without a replica of the key's partition goes where the HTTP
 /// lookup goes: forwarded to a node that has one, or, with `--forward=false`,
 /// FAILED_PRECONDITION (`misdirected`) with that node's URL in the `x-kv-redirect` metadata.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn grpc_get_of_a_partition_hosted_elsewhere_is_forwarded_or_redirected() -> TestResult {
+/// Two nodes, node 2 started with `--forward=false`, and topic `t` of 4 partitions with one
+/// replica each; key `one` written to a partition on node 1, `two` to one on node 2.
+struct TwoNodes {
+    node_1: RunningNode,
+    node_2: RunningNode,
+    url_1: String,
+    on_1: u32,
+    on_2: u32,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+async fn two_nodes_one_replica_each() -> TestResult<TwoNodes> {
     let (dir_1, dir_2) = (tempfile::tempdir()?, tempfile::tempdir()?);
     let (node_1, url_1) = common::start_node(dir_1.path(), &["--node-id", "1"]).await?;
     let join = node_1.rpc_addr.to_string();
@@ -254,6 +253,12 @@ async fn grpc_get_of_a_partition_hosted_elsewhere_is_forwarded_or_redirected() -
         let put = http.put(format!("{url_1}/kv/t/{key}?partition={partition}")).body(key).send().await?;
         assert_eq!(put.status(), 200, "put {key}");
     }
+    Ok(TwoNodes { node_1, node_2, url_1, on_1, on_2, _dirs: (dir_1, dir_2) })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_get_of_a_partition_hosted_elsewhere_is_forwarded_or_redirected() -> TestResult {
+    let TwoNodes { node_1, node_2, url_1, on_1, on_2, _dirs } = two_nodes_one_replica_each().await?;
 
     let mut client_1 = LogdexClient::connect(format!("http://{}", node_1.rpc_addr)).await?;
     let request = pb::GetRequest { partition: Some(on_2), ..get_request("t", b"two") };
@@ -271,13 +276,92 @@ async fn grpc_get_of_a_partition_hosted_elsewhere_is_forwarded_or_redirected() -
     let rpc = status.metadata().get("x-kv-redirect-rpc").ok_or("no x-kv-redirect-rpc")?.to_str()?;
     assert_eq!(rpc, node_1.rpc_addr.to_string(), "x-kv-redirect-rpc of a Get that node 1 serves");
     // A write through the router gets the same pair.
-    let put = pb::PutRequest { topic: "t".into(), key: b"one".to_vec(), value: b"x".to_vec(), partition: Some(on_1) };
+    let put = pb::PutRequest {
+        topic: "t".into(),
+        key: b"one".to_vec(),
+        value: b"x".to_vec(),
+        partition: Some(on_1),
+        forward: None,
+    };
     let refused = client_2.put(put).await.err().ok_or("node 2 took a write for a partition it does not hold")?;
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
     let rpc = refused.metadata().get("x-kv-redirect-rpc").ok_or("no x-kv-redirect-rpc on a put")?.to_str()?;
     assert_eq!(rpc, node_1.rpc_addr.to_string(), "x-kv-redirect-rpc of a Put that node 1 takes");
     let here = client_2.get(pb::GetRequest { partition: Some(on_2), ..get_request("t", b"two") }).await?;
     assert_eq!(here.get_ref().node, 2);
+    drop((client_1, client_2));
+    node_2.shutdown().await;
+    node_1.shutdown().await;
+    Ok(())
+}
+
+/// A request's own `forward` overrides the node's `--forward`, as HTTP's `?forward=` does:
+/// false on a forwarding node answers FAILED_PRECONDITION with both redirects, true on a
+/// node started with `--forward=false` is forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_request_forward_field_overrides_the_node_flag() -> TestResult {
+    let TwoNodes { node_1, node_2, on_1, on_2, .. } = two_nodes_one_replica_each().await?;
+    let mut client_1 = LogdexClient::connect(format!("http://{}", node_1.rpc_addr)).await?;
+    let mut client_2 = LogdexClient::connect(format!("http://{}", node_2.rpc_addr)).await?;
+    let misdirected_to_node_2 = |status: tonic::Status, what: &str| -> TestResult {
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{what}: {status:?}");
+        assert!(status.message().starts_with("misdirected"), "{what}: {}", status.message());
+        let rpc = status.metadata().get("x-kv-redirect-rpc").ok_or("no x-kv-redirect-rpc")?.to_str()?;
+        assert_eq!(rpc, node_2.rpc_addr.to_string(), "{what}");
+        assert!(status.metadata().get("x-kv-redirect").is_some(), "{what}: no x-kv-redirect");
+        Ok(())
+    };
+
+    // Node 1 forwards by default; forward = false refuses what node 2 holds.
+    let get = pb::GetRequest { partition: Some(on_2), forward: Some(false), ..get_request("t", b"two") };
+    misdirected_to_node_2(client_1.get(get).await.err().ok_or("Get forward=false was forwarded")?, "Get")?;
+    let put = pb::PutRequest {
+        topic: "t".into(),
+        key: b"two".to_vec(),
+        value: b"refused".to_vec(),
+        partition: Some(on_2),
+        forward: Some(false),
+    };
+    misdirected_to_node_2(client_1.put(put).await.err().ok_or("Put forward=false was forwarded")?, "Put")?;
+    let delete =
+        pb::DeleteRequest { topic: "t".into(), key: b"two".to_vec(), partition: Some(on_2), forward: Some(false) };
+    misdirected_to_node_2(client_1.delete(delete).await.err().ok_or("Delete forward=false was forwarded")?, "Delete")?;
+    let fetch = pb::FetchRequest { topic: "t".into(), partition: on_2, forward: Some(false), ..Default::default() };
+    misdirected_to_node_2(client_1.fetch(fetch).await.err().ok_or("Fetch forward=false was forwarded")?, "Fetch")?;
+    let record = pb::Record {
+        key: Some(b"two".to_vec()),
+        value: Some(b"refused".to_vec()),
+        partition: Some(on_2),
+        ..Default::default()
+    };
+    let produce = pb::ProduceRequest { topic: "t".into(), records: vec![record], forward: Some(false) };
+    misdirected_to_node_2(
+        client_1.produce(produce).await.err().ok_or("Produce forward=false was forwarded")?,
+        "Produce",
+    )?;
+    let got = client_2.get(pb::GetRequest { partition: Some(on_2), ..get_request("t", b"two") }).await?.into_inner();
+    assert_eq!(got.value, b"two", "the refused writes wrote nothing");
+
+    // Node 2 does not forward by default; forward = true takes a request to node 1.
+    let get = pb::GetRequest { partition: Some(on_1), forward: Some(true), ..get_request("t", b"one") };
+    let got = client_2.get(get).await?.into_inner();
+    assert_eq!((got.found, got.value.as_slice(), got.node), (true, &b"one"[..], 1));
+    let put = pb::PutRequest {
+        topic: "t".into(),
+        key: b"one".to_vec(),
+        value: b"via 2".to_vec(),
+        partition: Some(on_1),
+        forward: Some(true),
+    };
+    let written = client_2.put(put).await?.into_inner();
+    assert_eq!((written.partition, written.offset), (on_1, 1));
+    let fetch = pb::FetchRequest { topic: "t".into(), partition: on_1, forward: Some(true), ..Default::default() };
+    let fetched = client_2.fetch(fetch).await?.into_inner();
+    let values: Vec<_> = fetched.records.iter().map(|r| r.value.clone().unwrap_or_default()).collect();
+    assert_eq!(values, [b"one".to_vec(), b"via 2".to_vec()]);
+    let get = pb::GetRequest { partition: Some(on_1), ..get_request("t", b"one") };
+    let refused = client_2.get(get).await.err().ok_or("node 2 forwarded without being asked")?;
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "absent forward follows --forward=false");
     drop((client_1, client_2));
     node_2.shutdown().await;
     node_1.shutdown().await;

@@ -22,7 +22,7 @@ async fn a_request_beyond_the_in_flight_bound_answers_503_until_one_finishes() -
     assert_eq!(http.put(format!("{url}/kv/t/k")).body("v").send().await?.status(), 200);
 
     let mut client = LogdexClient::connect(format!("http://{}", node.rpc_addr)).await?;
-    let get = || pb::GetRequest { topic: "t".into(), key: b"k".to_vec(), read: 0, partition: None, min_offset: None };
+    let get = || pb::GetRequest { topic: "t".into(), key: b"k".to_vec(), read: 0, ..Default::default() };
     let mut checked = false;
     for attempt in 1..=3 {
         // Two lookups that wait (bounded, about 1 s) for an offset the partition never

@@ -63,8 +63,7 @@ async fn lookups_beyond_the_per_client_rate_answer_429_and_writes_are_not_limite
             topic: "limited".into(),
             key: format!("k{}", i % RATE).into_bytes(),
             read: 0,
-            partition: None,
-            min_offset: None,
+            ..Default::default()
         };
         codes.push(match client.get(request).await {
             Ok(got) if got.get_ref().found => tonic::Code::Ok,

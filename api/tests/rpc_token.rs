@@ -53,8 +53,7 @@ async fn node_to_node_rpc_needs_the_token_and_nodes_sharing_it_replicate() -> Te
 
     // The client API on the same port is not behind the node-to-node token.
     let mut client = LogdexClient::connect(endpoint).await?;
-    let get =
-        client_pb::GetRequest { topic: "t".into(), key: b"k".to_vec(), read: 0, partition: None, min_offset: None };
+    let get = client_pb::GetRequest { topic: "t".into(), key: b"k".to_vec(), read: 0, ..Default::default() };
     let got = client.get(get).await?.into_inner();
     assert!(got.found);
     assert_eq!(got.value, b"v");
