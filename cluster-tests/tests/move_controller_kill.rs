@@ -283,10 +283,6 @@ async fn move_onto_down_node(cluster: &mut Cluster) -> Result<()> {
     Ok(())
 }
 
-/// A topic created while a registered node is down is placed on the nodes that answer (as
-/// Kafka places on live brokers): every partition has a leader in the create's answer and
-/// takes a write at once. (Before, the down node got its share of replicas, and a
-/// partition placed only there had no leader until it returned.)
 /// A move onto a down node, made when the partition's Raft log is longer than openraft's
 /// catch-up threshold for a learner (5,000 entries), is still taken back at once: the move
 /// driver does not sit in a blocking learner add that no replacement can end.
@@ -327,6 +323,10 @@ async fn take_back_after_long_log(cluster: &mut Cluster) -> Result<()> {
     Ok(())
 }
 
+/// A topic created while a registered node is down is placed on the nodes that answer (as
+/// Kafka places on live brokers): every partition has a leader in the create's answer and
+/// takes a write at once. (Before, the down node got its share of replicas, and a
+/// partition placed only there had no leader until it returned.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topic_created_while_a_node_is_down_is_placed_on_the_live_nodes() -> Result<()> {
     let options = ClusterOptions { spare_nodes: 1, ..ClusterOptions::plain(3) };
@@ -369,5 +369,64 @@ async fn create_with_a_node_down(cluster: &mut Cluster) -> Result<()> {
     cluster.restart(4).await?;
     cluster.wait_for_leaders(wide, Duration::from_secs(30)).await?;
     api.put(&cluster.url(1), wide, b"k", b"v").await?.expect_status(200)?;
+    Ok(())
+}
+
+/// A move whose target keeps a replica that is down, while it drops one that is up
+/// ([L, D, K] to [L, D] with D down), waits before it changes the voters, and the
+/// partition keeps taking writes: the voter set {L, D} would need D for every commit.
+/// (Before, only replicas the move adds were waited for: the voters changed, and every
+/// write and linearizable read answered 503 until D returned.) The waiting move can be
+/// taken back, and once D is back the same move completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn move_that_keeps_a_down_replica_waits_and_the_partition_stays_writable() -> Result<()> {
+    let mut cluster = Cluster::start_with(ClusterOptions::plain(3)).await?;
+    let outcome = keep_a_down_replica(&mut cluster).await;
+    cluster.finish(outcome)
+}
+
+async fn keep_a_down_replica(cluster: &mut Cluster) -> Result<()> {
+    let api = cluster.api().clone();
+    let topic = "keepdown";
+    api.create_topic(&cluster.url(1), &TopicSpec::compacted(topic, 1, 3)).await?.expect_status(201)?;
+    let d = cluster.wait_for_leaders(topic, Duration::from_secs(20)).await?;
+    let replicas = d.partitions[0].replicas.clone();
+    let leader = d.partitions[0].leader.ok_or_else(|| Error::Check(format!("{topic} has no leader")))?;
+    let followers: Vec<u64> = replicas.iter().copied().filter(|&n| n != leader).collect();
+    let (down, kept_up) = (followers[0], followers[1]);
+    cluster.kill(down)?;
+    // Past the leader's view of a live replica (an answer within the election timeout).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let url = format!("{}/topics/{topic}/partitions/0/replicas", cluster.url(leader));
+    let target = vec![leader, down];
+    let moved = api.request(reqwest::Method::PUT, &url, Some(Body::Json(json!({ "replicas": target })))).await?;
+    ensure_eq!(moved.status, 202, "move answered {}", moved.summary());
+    let waiting_until = Instant::now() + Duration::from_secs(6);
+    let mut written = 0;
+    while Instant::now() < waiting_until {
+        let (key, value) = (format!("k-{written}"), format!("v-{written}"));
+        let put = api.put(&cluster.url(kept_up), topic, key.as_bytes(), value.as_bytes()).await?;
+        ensure_eq!(put.status, 200, "write {key} while the move waits: {}", put.summary());
+        let got = api.get(&cluster.url(kept_up), topic, key.as_bytes(), &Read::linearizable()).await?;
+        ensure_eq!(got.status, 200, "read {key} while the move waits: {}", got.summary());
+        ensure_eq!(got.text(), value, "read {key} while the move waits");
+        written += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let d: Value = api.describe(&cluster.url(leader), topic).await?.json()?;
+    ensure!(d["partitions"][0].get("move").is_some(), "the move that keeps node {down} (down) finished: {d}");
+    let back = api.request(reqwest::Method::PUT, &url, Some(Body::Json(json!({ "replicas": replicas })))).await?;
+    ensure_eq!(back.status, 202, "taking the move back answered {}", back.summary());
+    wait_for_replicas(&api, &cluster.url(leader), topic, &replicas, MOVE_DEADLINE).await?;
+    let again = api.request(reqwest::Method::PUT, &url, Some(Body::Json(json!({ "replicas": target })))).await?;
+    ensure_eq!(again.status, 202, "the move made again answered {}", again.summary());
+    cluster.restart(down).await?;
+    wait_for_replicas(&api, &cluster.url(leader), topic, &target, MOVE_DEADLINE).await?;
+    for k in 0..written {
+        let (key, value) = (format!("k-{k}"), format!("v-{k}"));
+        let got = api.get(&cluster.url(down), topic, key.as_bytes(), &Read::linearizable()).await?;
+        ensure_eq!(got.status, 200, "read {key} from node {down} after the move: {}", got.summary());
+        ensure_eq!(got.text(), value, "read {key} from node {down} after the move");
+    }
     Ok(())
 }

@@ -1244,24 +1244,42 @@ impl Node {
     }
 
     /// Waits until every target replica that is not yet a voter has the leader's log up to
-    /// where it ends now. Until then a membership change could make a voter of a replica
-    /// that is down or far behind, and a group whose quorum needs it stops taking writes
-    /// (openraft's own `add_learner(.., blocking)` counts a learner within
-    /// `replication_lag_threshold` entries as caught up, so a short log passes at once).
-    /// A replica that never catches up (its node is down) leaves the partition as it was:
-    /// the pass times out and the next reconcile tries again.
+    /// where it ends now, and until a majority of the target replicas answer the leader.
+    /// Until then a membership change could make a voter set whose quorum needs a replica
+    /// that is down or far behind, and the group stops taking writes: a replica that is
+    /// behind is a learner the move adds (openraft's own `add_learner(.., blocking)` counts
+    /// a learner within `replication_lag_threshold` entries as caught up, so a short log
+    /// passes at once); a replica that is down may also be a voter already (a move from
+    /// [3, 2, 1] to [1, 3] while node 3 is down would leave a voter set of two with one of
+    /// them gone). A move that waits leaves the partition as it was: the pass times out and
+    /// the next reconcile tries again, and another move can replace it meanwhile.
     async fn await_catch_up(&self, hosted: &HostedGroup, target: &[ReplicaRecord]) -> Result<()> {
         let metrics = crate::types::metrics_of(&hosted.raft);
         let voters: std::collections::BTreeSet<u64> = metrics.membership_config.membership().voter_ids().collect();
         let pending: Vec<&ReplicaRecord> = target.iter().filter(|r| !voters.contains(&r.replica_id)).collect();
-        let Some(goal) = metrics.last_log_index.filter(|_| !pending.is_empty()) else { return Ok(()) };
+        let goal = metrics.last_log_index.unwrap_or(0);
         let matched = |m: &crate::types::RaftMetrics, id: u64| {
             m.replication.as_ref().and_then(|r| r.get(&id).copied().flatten()).map_or(0, |l| l.index)
         };
-        let caught_up = |m: &crate::types::RaftMetrics| {
-            // A leader that lost its term stops waiting: the next leader drives the move.
-            m.replication.is_none() || pending.iter().all(|r| matched(m, r.replica_id) >= goal)
+        // Answering: the leader itself, or a replica that acknowledged the leader within the
+        // shortest election timeout (heartbeats go several times in it).
+        let recent = Duration::from_millis(self.inner.config.election_timeout_min_ms);
+        let answering = |m: &crate::types::RaftMetrics, id: u64| {
+            id == hosted.replica_id
+                || m.heartbeat
+                    .as_ref()
+                    .and_then(|h| h.get(&id).cloned().flatten())
+                    .is_some_and(|acked| openraft::Instant::elapsed(&*acked) < recent)
         };
+        let ready = |m: &crate::types::RaftMetrics| {
+            // A leader that lost its term stops waiting: the next leader drives the move.
+            m.replication.is_none()
+                || (pending.iter().all(|r| matched(m, r.replica_id) >= goal)
+                    && target.iter().filter(|r| answering(m, r.replica_id)).count() * 2 > target.len())
+        };
+        if ready(&metrics) {
+            return Ok(());
+        }
         // A move replaced meanwhile (say, one onto a node that is down, taken back) ends the
         // wait at once: the next pass drives the new target.
         let replaced = async {
@@ -1276,7 +1294,7 @@ impl Node {
         };
         let wait = hosted.raft.wait(Some(MOVE_STEP_TIMEOUT));
         let waited = tokio::select! {
-            waited = wait.metrics(caught_up, "move: target replicas catch up") => waited,
+            waited = wait.metrics(ready, "move: target replicas catch up and answer") => waited,
             () = replaced => return Err(Error::Conflict("the move was replaced by another one".into())),
         };
         match waited {
@@ -1284,12 +1302,14 @@ impl Node {
             Ok(_) => Err(Error::NotLeader { group: hosted.group_id, leader_node: None }),
             Err(openraft::metrics::WaitError::Timeout(..)) => {
                 let m = crate::types::metrics_of(&hosted.raft);
-                let behind: Vec<String> = pending
+                let behind = pending.iter().filter(|r| matched(&m, r.replica_id) < goal).map(|r| {
+                    format!("replica {} on node {} has not caught up to log index {goal}", r.replica_id, r.node_id)
+                });
+                let silent = target
                     .iter()
-                    .filter(|r| matched(&m, r.replica_id) < goal)
-                    .map(|r| format!("replica {} on node {}", r.replica_id, r.node_id))
-                    .collect();
-                Err(Error::Timeout(format!("{} has not caught up to log index {goal}", behind.join(", "))))
+                    .filter(|r| !answering(&m, r.replica_id))
+                    .map(|r| format!("replica {} on node {} does not answer", r.replica_id, r.node_id));
+                Err(Error::Timeout(behind.chain(silent).collect::<Vec<_>>().join("; ")))
             }
             Err(e) => Err(Error::unavailable(e)),
         }
