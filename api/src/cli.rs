@@ -202,7 +202,7 @@ pub fn run(cli: Cli) -> Result<(), String> {
     // panic on a value that is not a number.
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     let workers = match &command {
-        Command::Serve(args) => crate::serve::worker_threads(args.worker_threads, cores),
+        Command::Serve(args) => crate::serve::worker_threads(usize::from(args.worker_threads), cores),
         _ => cores,
     };
     let mut builder = tokio::runtime::Builder::new_multi_thread();
@@ -273,6 +273,31 @@ mod tests {
         assert!(refused.to_string().contains("100000"), "{refused}");
         assert!(parse(&["--group-commit-wait-us", "-1"]).is_err());
         Ok(())
+    }
+
+    #[test]
+    fn serve_flags_out_of_range_are_refused_at_parse() {
+        let parse = |flags: &[&str]| Cli::try_parse_from([&["logdex", "serve"], flags].concat());
+        for flags in [
+            ["--worker-threads", "100000"],
+            ["--worker-threads", "-1"],
+            ["--controller-voters", "0"],
+            ["--controller-voters", "8"],
+            ["--requests-in-flight-max", "0"],
+            ["--lookup-rate-limit", "0"],
+            ["--log", "not[valid"],
+        ] {
+            assert!(parse(&flags).is_err(), "{flags:?} was taken");
+        }
+        for flags in [
+            ["--worker-threads", "256"],
+            ["--controller-voters", "7"],
+            ["--requests-in-flight-max", "1"],
+            ["--lookup-rate-limit", "1"],
+            ["--log", "info,logdex_raft=debug"],
+        ] {
+            assert!(parse(&flags).is_ok(), "{flags:?} was refused");
+        }
     }
 
     #[test]

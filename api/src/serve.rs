@@ -76,16 +76,19 @@ pub struct ServeArgs {
     /// trusted when this node calls another (the name checked is the host of its address).
     #[arg(long, env = "LOGDEX_TLS_CA_FILE", requires = "tls_cert_file")]
     pub tls_ca_file: Option<PathBuf>,
-    /// Upper bound on HTTP requests being served at once; more answer 503.
-    #[arg(long, env = "LOGDEX_REQUESTS_IN_FLIGHT_MAX", default_value_t = 4096)]
-    pub requests_in_flight_max: usize,
-    /// Key lookups allowed per second from one client address (429 beyond). Default: unlimited.
-    #[arg(long, env = "LOGDEX_LOOKUP_RATE_LIMIT")]
+    /// Upper bound on HTTP requests being served at once (1 to 1048576); more answer 503.
+    #[arg(long, env = "LOGDEX_REQUESTS_IN_FLIGHT_MAX", default_value_t = 4096,
+          value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub requests_in_flight_max: u32,
+    /// Key lookups allowed per second from one client address (429 beyond), at least 1.
+    /// Default: unlimited.
+    #[arg(long, env = "LOGDEX_LOOKUP_RATE_LIMIT", value_parser = clap::value_parser!(u32).range(1..))]
     pub lookup_rate_limit: Option<u32>,
     /// Controller voters at bootstrap: the lowest ids of --peers, at most this many (1 to 7);
     /// the other nodes hold the cluster metadata as learners.
-    #[arg(long, env = "LOGDEX_CONTROLLER_VOTERS", default_value_t = logdex_raft::node::CONTROLLER_VOTERS_DEFAULT)]
-    pub controller_voters: usize,
+    #[arg(long, env = "LOGDEX_CONTROLLER_VOTERS", default_value_t = logdex_raft::node::CONTROLLER_VOTERS_DEFAULT as u8,
+          value_parser = clap::value_parser!(u8).range(1..=logdex_raft::node::CONTROLLER_VOTERS_MAX as i64))]
+    pub controller_voters: u8,
     /// How often compaction (cleanup.policy=compact) and retention (delete) run on each log, in ms.
     #[arg(long, env = "LOGDEX_CLEANER_INTERVAL_MS", default_value_t = 30_000)]
     pub cleaner_interval_ms: u64,
@@ -116,11 +119,12 @@ pub struct ServeArgs {
     /// Snapshot a group after this many applied entries; its Raft log is purged behind the snapshot.
     #[arg(long, env = "LOGDEX_SNAPSHOT_EVERY", default_value_t = logdex_raft::node::SNAPSHOT_EVERY_ENTRIES)]
     pub snapshot_every: u64,
-    /// Threads running the node's request handling, Raft and apply work. 0: one less than
-    /// the machine's cores, at least 1 (the fsync thread and the storage engine's flush and
-    /// compaction threads run beside them).
-    #[arg(long, env = "LOGDEX_WORKER_THREADS", default_value_t = 0)]
-    pub worker_threads: usize,
+    /// Threads running the node's request handling, Raft and apply work, 0 to 256. 0: one
+    /// less than the machine's cores, at least 1 (the fsync thread and the storage engine's
+    /// flush and compaction threads run beside them).
+    #[arg(long, env = "LOGDEX_WORKER_THREADS", default_value_t = 0,
+          value_parser = clap::value_parser!(u16).range(0..=256))]
+    pub worker_threads: u16,
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `logdex_raft=debug`. The default
     /// keeps openraft's errors but not those of its request path (`raft_inner`,
     /// `stream_append`), which only repeat that a replica's Raft core has stopped, as it does
@@ -129,7 +133,8 @@ pub struct ServeArgs {
     #[arg(
         long,
         env = "LOGDEX_LOG",
-        default_value = "info,openraft=error,openraft::raft::raft_inner=off,openraft::raft::stream_append=off"
+        default_value = "info,openraft=error,openraft::raft::raft_inner=off,openraft::raft::stream_append=off",
+        value_parser = log_filter
     )]
     pub log: String,
     /// Stop (cleanly) when the process that started this node exits, even by `kill -9`
@@ -164,6 +169,11 @@ fn followed_parent(args: &ServeArgs) -> Option<u32> {
     #[cfg(not(unix))]
     let current = 0;
     args.exit_with_parent.then(|| args.parent_pid.unwrap_or(current))
+}
+
+/// `--log`: a filter tracing accepts, or the reason it does not.
+fn log_filter(filter: &str) -> Result<String, String> {
+    tracing_subscriber::EnvFilter::try_new(filter).map(|_| filter.to_string()).map_err(|e| e.to_string())
 }
 
 /// The runtime's worker threads for `--worker-threads requested` on a machine of `cores`.
@@ -245,7 +255,7 @@ impl ServeArgs {
             tiered_store: self.tiered_store.clone(),
             record_cache_bytes: self.record_cache_mb.saturating_mul(1024 * 1024),
             group_commit_wait: std::time::Duration::from_micros(self.group_commit_wait_us),
-            controller_voters: self.controller_voters,
+            controller_voters: usize::from(self.controller_voters),
             // Outgoing node-to-node connections leave from the RPC listen IP
             // when a node listens on its own loopback address (127.0.0.2, ...),
             // so per-link fault proxies can tell callers apart. Not for
@@ -328,7 +338,7 @@ pub async fn start(args: ServeArgs) -> Result<RunningNode, String> {
         None => None,
     };
     let limits = Limits::default();
-    let guard = crate::middleware::Guard::new(token, args.requests_in_flight_max.max(1), args.lookup_rate_limit)
+    let guard = crate::middleware::Guard::new(token, args.requests_in_flight_max as usize, args.lookup_rate_limit)
         .with_body_limit(limits.body_bytes_max);
     let router = Router::new(node.clone(), tls.as_ref()).map_err(|e| e.to_string())?;
     let state = AppState::new(router, args.forward, limits, guard);
