@@ -33,6 +33,15 @@ pub async fn dev(args: DevArgs) -> Result<(), String> {
         peers.push(format!("{i}@127.0.0.1:{}", port(args.rpc_port, i)?));
     }
     let peers = peers.join(",");
+    // A port another process holds would make a node exit at once, while that process might
+    // answer the readiness checks in its place.
+    for i in 1..=args.nodes {
+        for (what, base) in [("HTTP", args.http_port), ("RPC", args.rpc_port)] {
+            let p = port(base, i)?;
+            std::net::TcpListener::bind(("127.0.0.1", p))
+                .map_err(|e| format!("cannot use port {p} for node {i}'s {what} address: {e}"))?;
+        }
+    }
     // Listening before the first node starts: Ctrl-C or SIGTERM while they start stops them too.
     let stop = crate::serve::shutdown_signal();
     tokio::pin!(stop);
@@ -134,6 +143,13 @@ async fn wait_ready(children: &mut [tokio::process::Child], args: &DevArgs) -> R
                 return Err(format!("node {n} is not ready after 60 s; see {}", log.display()));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // Ready answers come from these nodes only if they are still running.
+    for (i, child) in children.iter_mut().enumerate() {
+        if let Ok(Some(status)) = child.try_wait() {
+            let log = args.data_dir.join(format!("node-{}", i + 1)).join("logdex.log");
+            return Err(format!("node {} exited ({status}); see {}", i + 1, log.display()));
         }
     }
     Ok(())

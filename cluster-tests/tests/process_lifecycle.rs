@@ -134,3 +134,35 @@ async fn dev_interrupted_while_its_nodes_start_leaves_no_node_running() -> Resul
     ensure!(status.success(), "an interrupted dev exits cleanly, got {status}");
     Ok(())
 }
+
+/// `logdex dev` whose ports another process holds says which port and exits with an error
+/// before it starts any node. (Before, its nodes exited at once, and the process on those
+/// ports answered the readiness checks: dev printed "3 nodes ready" with none running.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_with_a_port_in_use_says_so_and_starts_no_node() -> Result<()> {
+    let dir = tempfile::tempdir().map_err(|e| Error::io("creating a temp dir", e))?;
+    let data = dir.path().join("dev");
+    let http = free_port_run(3)?;
+    let rpc = free_port_run(3)?;
+    let busy = http + 1;
+    let _holder = std::net::TcpListener::bind(("127.0.0.1", busy)).map_err(|e| Error::io("holding a port", e))?;
+    let dev = tokio::process::Command::new(binary_path()?)
+        .arg("dev")
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--http-port", &http.to_string(), "--rpc-port", &rpc.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(STOP_TIMEOUT, dev)
+        .await
+        .map_err(|_| Error::Check("logdex dev with a busy port did not exit".into()))?
+        .map_err(|e| Error::io("running logdex dev", e))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "dev with a busy port exited with {}", out.status);
+    ensure!(stderr.contains(&format!("port {busy}")), "dev names the busy port: {stderr}");
+    ensure!(!String::from_utf8_lossy(&out.stdout).contains("ready"), "dev claimed ready: {out:?}");
+    ensure!(processes_mentioning(&data).is_empty(), "dev left nodes running");
+    Ok(())
+}
