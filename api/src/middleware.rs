@@ -99,7 +99,10 @@ impl Guard {
     /// `Authorization` header.
     fn check_token(&self, authorization: Option<&str>) -> Result<(), ApiError> {
         let Some(token) = &self.token else { return Ok(()) };
-        let given = authorization.and_then(|v| v.strip_prefix("Bearer "));
+        // The scheme is case-insensitive (RFC 7235): `bearer` is `Bearer`.
+        let given = authorization
+            .and_then(|v| v.split_once(' '))
+            .and_then(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer").then_some(token));
         if given.is_some_and(|t| constant_time_eq(t.as_bytes(), token.as_bytes())) {
             Ok(())
         } else {

@@ -30,8 +30,14 @@ async fn requests_without_the_bearer_token_answer_401_over_http_and_grpc() -> Te
     let put = http.put(format!("{url}/kv/t/k")).header("authorization", &bearer).body("v").send().await?;
     assert_eq!(put.status(), 200);
 
-    for (authorization, status) in [(None, 401), (Some("Bearer wrong"), 401), (Some(TOKEN), 401), (Some(&*bearer), 200)]
-    {
+    let lower_case_scheme = format!("bearer {TOKEN}");
+    for (authorization, status) in [
+        (None, 401),
+        (Some("Bearer wrong"), 401),
+        (Some(TOKEN), 401),
+        (Some(&*bearer), 200),
+        (Some(&*lower_case_scheme), 200),
+    ] {
         let mut get = http.get(format!("{url}/kv/t/k"));
         if let Some(a) = authorization {
             get = get.header("authorization", a);
