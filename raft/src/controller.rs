@@ -510,6 +510,12 @@ fn with_defaults(config: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
     let mut c: BTreeMap<&str, &str> = config.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     c.entry("cleanup.policy").or_insert("compact");
     c.entry("kv.index.enabled").or_insert("true");
+    // Both orders name the same policy.
+    if let Some(policy) = c.get_mut("cleanup.policy")
+        && *policy == "delete,compact"
+    {
+        *policy = "compact,delete";
+    }
     c
 }
 
@@ -807,6 +813,25 @@ mod tests {
         let defaults = [("cleanup.policy", "compact"), ("kv.index.enabled", "true")];
         assert_eq!(state.apply(&again(&defaults)).status, "exists");
         assert_eq!(state.apply(&again(&[("cleanup.policy", "delete")])).status, "conflict");
+    }
+
+    #[test]
+    fn create_naming_both_cleanup_policies_in_either_order_is_the_same_topic() {
+        let mut state = ClusterState::fresh();
+        register(&mut state, 1);
+        let create_with = |policy: &str| pb::ControllerCommand {
+            kind: Some(Kind::CreateTopic(pb::CreateTopic {
+                name: "t".into(),
+                partitions: 1,
+                replication_factor: 1,
+                config: [("cleanup.policy".to_string(), policy.to_string())].into(),
+                down_nodes: Vec::new(),
+            })),
+        };
+        assert_eq!(state.apply(&create_with("delete,compact")).status, "created");
+        assert_eq!(state.apply(&create_with("compact,delete")).status, "exists");
+        assert_eq!(state.apply(&create_with("delete,compact")).status, "exists");
+        assert_eq!(state.apply(&create_with("compact")).status, "conflict");
     }
 
     #[test]
