@@ -142,7 +142,12 @@ fn default_partitions() -> u32 {
     1
 }
 
+/// A request body, which is a JSON object (serde would also take an array of the fields in
+/// order).
 fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::bad("invalid_json", "the body must be a JSON object"));
+    }
     serde_json::from_slice(body).map_err(|e| ApiError::bad("invalid_json", e.to_string()))
 }
 
@@ -715,6 +720,13 @@ async fn produce_records(
         let value = r.value.map(|v| decode_field(v, base64, i, "value")).transpose()?;
         if key.as_ref().is_some_and(|k| k.len() > s.limits.key_bytes_max) {
             return Err(ApiError::TooLarge(format!("record {i}: key exceeds {} bytes", s.limits.key_bytes_max)));
+        }
+        // No lookup can name an empty key (as `PUT /kv/{t}/` cannot write one).
+        if key.as_ref().is_some_and(Vec::is_empty) {
+            return Err(ApiError::bad(
+                "invalid_key",
+                format!("record {i}: the key is empty; leave it out (or null) for a record without a key"),
+            ));
         }
         if value.as_ref().is_some_and(|v| v.len() > s.limits.value_bytes_max) {
             return Err(ApiError::TooLarge(format!("record {i}: value exceeds {} bytes", s.limits.value_bytes_max)));

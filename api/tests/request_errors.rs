@@ -102,6 +102,19 @@ async fn bad_parameters_answer_400_with_a_code_that_names_them() -> TestResult {
     let one = json!({"records": [{"key": "h", "value": "v", "headers": {"a": half}}]});
     assert_eq!(http.post(format!("{url}/topics/t/records")).json(&one).send().await?.status(), 200, "one of them fits");
 
+    let empty_key = json!({"records": [{"key": "fine", "value": "v"}, {"key": "", "value": "v"}]});
+    let (status, code, message) =
+        error_of(http.post(format!("{url}/topics/t/records")).json(&empty_key).send().await?).await?;
+    assert_eq!((status, code.as_str()), (400, "invalid_key"), "a produced record with an empty key");
+    assert!(message.contains("record 1"), "{message}");
+    assert_eq!(http.get(format!("{url}/kv/t/fine")).send().await?.status(), 404, "nothing of that batch was written");
+
+    let as_array = http.post(format!("{url}/topics")).body(r#"["u", 1, 1, {}]"#).send().await?;
+    let (status, code, message) = error_of(as_array).await?;
+    assert_eq!((status, code.as_str()), (400, "invalid_json"), "a create whose body is an array");
+    assert!(message.contains("JSON object"), "{message}");
+    assert_eq!(http.get(format!("{url}/topics/u")).send().await?.status(), 404, "no topic from an array");
+
     let wrong_method = http.post(format!("{url}/kv/t/k")).body("v").send().await?;
     let allow = wrong_method.headers().get("allow").and_then(|v| v.to_str().ok()).map(str::to_string);
     let (status, code, message) = error_of(wrong_method).await?;
