@@ -1955,6 +1955,10 @@ pub async fn leader_read_log_id(raft: &Raft, group: GroupId, strict: bool) -> Re
             OrRaftError::APIError(openraft::errors::LinearizableReadError::ForwardToLeader(f)) => {
                 Error::NotLeader { group, leader_node: f.leader_node.map(|n| n.node_id) }
             }
+            // openraft's text lists the whole membership: say it in a line.
+            OrRaftError::APIError(openraft::errors::LinearizableReadError::QuorumNotEnough(q)) => Error::unavailable(
+                format!("only {} of the partition's replicas answered its leader: no quorum", q.got.len()),
+            ),
             other => Error::unavailable(other),
         })?;
     Ok(*linearizer.read_log_id().log_id())
