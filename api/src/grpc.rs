@@ -268,6 +268,16 @@ fn with_forward(mut uri: String, forward: Option<bool>) -> String {
     uri
 }
 
+impl Service {
+    /// The request's `authorization` metadata, once it passed the bearer token check: a call
+    /// without the token is refused before its input is looked at, as over HTTP.
+    fn authorized<T>(&self, request: &Request<T>) -> Result<Option<String>, Status> {
+        let auth = authorization(request);
+        self.state.guard.check_token(auth.as_deref()).map_err(|e| status_of_error(&e))?;
+        Ok(auth)
+    }
+}
+
 fn authorization<T>(request: &Request<T>) -> Option<String> {
     request.metadata().get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string)
 }
@@ -279,14 +289,14 @@ fn header_u64(headers: &axum::http::HeaderMap, name: &str) -> u64 {
 #[tonic::async_trait]
 impl Logdex for Service {
     async fn put(&self, request: Request<pb::PutRequest>) -> Result<Response<pb::WriteResponse>, Status> {
-        let auth = authorization(&request);
+        let auth = self.authorized(&request)?;
         let r = request.into_inner();
         let at = KeyAt { topic: &r.topic, key: &r.key, partition: r.partition, forward: r.forward };
         self.write("PUT", at, r.value, auth).await
     }
 
     async fn delete(&self, request: Request<pb::DeleteRequest>) -> Result<Response<pb::WriteResponse>, Status> {
-        let auth = authorization(&request);
+        let auth = self.authorized(&request)?;
         let r = request.into_inner();
         let at = KeyAt { topic: &r.topic, key: &r.key, partition: r.partition, forward: r.forward };
         self.write("DELETE", at, Vec::new(), auth).await
@@ -294,7 +304,7 @@ impl Logdex for Service {
 
     async fn get(&self, request: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {
         let started = Instant::now();
-        let auth = authorization(&request);
+        let auth = self.authorized(&request)?;
         let client = request.remote_addr().map(|a| a.ip());
         let r = request.into_inner();
         let mode = read_mode(r.read)?;
@@ -340,7 +350,7 @@ impl Logdex for Service {
     }
 
     async fn produce(&self, request: Request<pb::ProduceRequest>) -> Result<Response<pb::ProduceResponse>, Status> {
-        let auth = authorization(&request);
+        let auth = self.authorized(&request)?;
         let r = request.into_inner();
         let topic = topic_segment(&r.topic)?;
         let records: Vec<Value> = r
@@ -379,7 +389,7 @@ impl Logdex for Service {
     }
 
     async fn fetch(&self, request: Request<pb::FetchRequest>) -> Result<Response<pb::FetchResponse>, Status> {
-        let auth = authorization(&request);
+        let auth = self.authorized(&request)?;
         let r = request.into_inner();
         let topic = topic_segment(&r.topic)?;
         let mode = read_mode_name(read_mode(r.read)?);

@@ -97,7 +97,7 @@ fn admit(g: &Guard, request: &Request, route: &str) -> Result<(), ApiError> {
 impl Guard {
     /// The bearer token, when one is required: `authorization` is the request's
     /// `Authorization` header.
-    fn check_token(&self, authorization: Option<&str>) -> Result<(), ApiError> {
+    pub fn check_token(&self, authorization: Option<&str>) -> Result<(), ApiError> {
         let Some(token) = &self.token else { return Ok(()) };
         // The scheme is case-insensitive (RFC 7235): `bearer` is `Bearer`.
         let given = authorization

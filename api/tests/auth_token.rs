@@ -66,6 +66,20 @@ async fn requests_without_the_bearer_token_answer_401_over_http_and_grpc() -> Te
     assert!(got.found);
     assert_eq!(got.value, b"w");
 
+    // Without the token, input that would be refused is refused for the token first, as over
+    // HTTP: nothing about topics or limits is told to a caller without it.
+    let bad_mode = pb::GetRequest { read: 9, ..get() };
+    let long_key = pb::PutRequest { topic: "nope".into(), key: vec![b'k'; 20_000], ..Default::default() };
+    let bad_fetch = pb::FetchRequest { topic: "nope".into(), read: 9, ..Default::default() };
+    let refusals = [
+        ("Get with an undefined read mode", client.get(bad_mode).await.err()),
+        ("Put of a key over the limit", client.put(long_key).await.err()),
+        ("Fetch with an undefined read mode", client.fetch(bad_fetch).await.err()),
+    ];
+    for (what, refused) in refusals {
+        let refused = refused.ok_or(format!("{what} without a token answered"))?;
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{what}: {refused:?}");
+    }
     let refused = client.noop(pb::NoopRequest {}).await.err().ok_or("a gRPC Noop without a token answered")?;
     assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
     let mut with_token = tonic::Request::new(pb::NoopRequest {});
