@@ -33,6 +33,13 @@ pub async fn dev(args: DevArgs) -> Result<(), String> {
         peers.push(format!("{i}@127.0.0.1:{}", port(args.rpc_port, i)?));
     }
     let peers = peers.join(",");
+    let (http_last, rpc_last) = (port(args.http_port, args.nodes)?, port(args.rpc_port, args.nodes)?);
+    if args.http_port <= rpc_last && args.rpc_port <= http_last {
+        return Err(format!(
+            "the HTTP ports {}-{http_last} and the RPC ports {}-{rpc_last} overlap: each node needs one of each",
+            args.http_port, args.rpc_port
+        ));
+    }
     // A port another process holds would make a node exit at once, while that process might
     // answer the readiness checks in its place.
     for i in 1..=args.nodes {

@@ -38,7 +38,7 @@ async fn configs_outside_kafkas_ranges_are_refused_on_create_and_alter() -> Test
     // The message says what the key takes, on create as on alter.
     for (key, value, says) in [
         ("max.message.bytes", "-5", "from 1 to 2147483647"),
-        ("cleanup.policy", "bogus", "compact, delete or compact,delete"),
+        ("cleanup.policy", "bogus", "compact, delete or both (compact,delete)"),
         ("retention.ms", "-7", "at least -1"),
     ] {
         let body = json!({"name": "t", "partitions": 1, "replication_factor": 1, "config": {key: value}});

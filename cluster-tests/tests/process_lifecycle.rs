@@ -138,6 +138,7 @@ async fn dev_interrupted_while_its_nodes_start_leaves_no_node_running() -> Resul
 /// `logdex dev` whose ports another process holds says which port and exits with an error
 /// before it starts any node. (Before, its nodes exited at once, and the process on those
 /// ports answered the readiness checks: dev printed "3 nodes ready" with none running.)
+/// HTTP and RPC port ranges that overlap are refused alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dev_with_a_port_in_use_says_so_and_starts_no_node() -> Result<()> {
     let dir = tempfile::tempdir().map_err(|e| Error::io("creating a temp dir", e))?;
@@ -145,11 +146,19 @@ async fn dev_with_a_port_in_use_says_so_and_starts_no_node() -> Result<()> {
     let http = free_port_run(3)?;
     let rpc = free_port_run(3)?;
     let busy = http + 1;
-    let _holder = std::net::TcpListener::bind(("127.0.0.1", busy)).map_err(|e| Error::io("holding a port", e))?;
+    let holder = std::net::TcpListener::bind(("127.0.0.1", busy)).map_err(|e| Error::io("holding a port", e))?;
+    refused_dev(&data, http, rpc, &format!("port {busy}")).await?;
+    drop(holder);
+    refused_dev(&data, http, http + 2, "overlap").await
+}
+
+/// Runs `logdex dev` on the given ports and checks that it exits with an error naming
+/// `expected` and leaves no node running.
+async fn refused_dev(data: &std::path::Path, http: u16, rpc: u16, expected: &str) -> Result<()> {
     let dev = tokio::process::Command::new(binary_path()?)
         .arg("dev")
         .arg("--data-dir")
-        .arg(&data)
+        .arg(data)
         .args(["--http-port", &http.to_string(), "--rpc-port", &rpc.to_string()])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -157,12 +166,12 @@ async fn dev_with_a_port_in_use_says_so_and_starts_no_node() -> Result<()> {
         .output();
     let out = tokio::time::timeout(STOP_TIMEOUT, dev)
         .await
-        .map_err(|_| Error::Check("logdex dev with a busy port did not exit".into()))?
+        .map_err(|_| Error::Check(format!("logdex dev on ports {http}/{rpc} did not exit")))?
         .map_err(|e| Error::io("running logdex dev", e))?;
     let stderr = String::from_utf8_lossy(&out.stderr);
-    ensure!(!out.status.success(), "dev with a busy port exited with {}", out.status);
-    ensure!(stderr.contains(&format!("port {busy}")), "dev names the busy port: {stderr}");
+    ensure!(!out.status.success(), "dev on ports {http}/{rpc} exited with {}", out.status);
+    ensure!(stderr.contains(expected), "dev says {expected:?}: {stderr}");
     ensure!(!String::from_utf8_lossy(&out.stdout).contains("ready"), "dev claimed ready: {out:?}");
-    ensure!(processes_mentioning(&data).is_empty(), "dev left nodes running");
+    ensure!(processes_mentioning(data).is_empty(), "dev left nodes running");
     Ok(())
 }

@@ -510,13 +510,33 @@ fn with_defaults(config: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
     let mut c: BTreeMap<&str, &str> = config.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     c.entry("cleanup.policy").or_insert("compact");
     c.entry("kv.index.enabled").or_insert("true");
-    // Both orders name the same policy.
+    // `delete,compact` and `compact, delete` name the policy `compact,delete` does.
     if let Some(policy) = c.get_mut("cleanup.policy")
-        && *policy == "delete,compact"
+        && let Some(canonical) = canonical_cleanup_policy(policy)
     {
-        *policy = "compact,delete";
+        *policy = canonical;
     }
     c
+}
+
+/// `cleanup.policy` in one spelling (`compact`, `delete` or `compact,delete`) for a value that
+/// names one or both, in either order, with spaces around the comma as Kafka allows; `None`
+/// for any other value.
+pub fn canonical_cleanup_policy(value: &str) -> Option<&'static str> {
+    let (mut compact, mut delete) = (false, false);
+    for part in value.split(',') {
+        match part.trim() {
+            "compact" => compact = true,
+            "delete" => delete = true,
+            _ => return None,
+        }
+    }
+    match (compact, delete) {
+        (true, true) => Some("compact,delete"),
+        (true, false) => Some("compact"),
+        (false, true) => Some("delete"),
+        (false, false) => None,
+    }
 }
 
 /// Kafka's topic name rules: 1 to 249 of `[a-zA-Z0-9._-]`, not `.` or `..`.
@@ -537,10 +557,7 @@ pub fn validate_topic_name(name: &str) -> std::result::Result<(), String> {
 pub fn validate_config(config: &BTreeMap<String, String>) -> std::result::Result<(), String> {
     for (key, value) in config {
         let (ok, expected) = match key.as_str() {
-            "cleanup.policy" => (
-                matches!(value.as_str(), "compact" | "delete" | "compact,delete" | "delete,compact"),
-                "compact, delete or compact,delete",
-            ),
+            "cleanup.policy" => (canonical_cleanup_policy(value).is_some(), "compact, delete or both (compact,delete)"),
             "kv.index.enabled" | "remote.storage.enable" => {
                 (matches!(value.as_str(), "true" | "false"), "true or false")
             }
@@ -567,7 +584,7 @@ pub fn validate_config(config: &BTreeMap<String, String>) -> std::result::Result
     }
     // As in Kafka: compaction rewrites sealed segments, which tiered storage copies once.
     if config.get("remote.storage.enable").map(String::as_str) == Some("true")
-        && config.get("cleanup.policy").map(String::as_str) != Some("delete")
+        && config.get("cleanup.policy").and_then(|p| canonical_cleanup_policy(p)) != Some("delete")
     {
         return Err("remote.storage.enable=true needs cleanup.policy=delete (compacted topics are not tiered)".into());
     }
@@ -831,7 +848,15 @@ mod tests {
         assert_eq!(state.apply(&create_with("delete,compact")).status, "created");
         assert_eq!(state.apply(&create_with("compact,delete")).status, "exists");
         assert_eq!(state.apply(&create_with("delete,compact")).status, "exists");
+        assert_eq!(state.apply(&create_with("compact, delete")).status, "exists");
         assert_eq!(state.apply(&create_with("compact")).status, "conflict");
+        let policy = |v: &str| validate_config(&[("cleanup.policy".to_string(), v.to_string())].into());
+        for taken in ["compact", "delete", "compact,delete", "delete,compact", "compact, delete", " delete "] {
+            assert!(policy(taken).is_ok(), "{taken:?} refused");
+        }
+        for refused in ["", "compact,", "compact;delete", "Compact", "compact,bogus"] {
+            assert!(policy(refused).is_err(), "{refused:?} taken");
+        }
     }
 
     #[test]

@@ -151,7 +151,10 @@ impl NodeConfig {
         if self.snapshot_every_entries == 0 {
             return Err(Error::Invalid("snapshot interval must be at least 1 entry".into()));
         }
-        if self.heartbeat_ms == 0 || self.election_timeout_min_ms <= self.heartbeat_ms * 2 {
+        if self.heartbeat_ms == 0 {
+            return Err(Error::Invalid("heartbeat must be at least 1 ms".into()));
+        }
+        if self.election_timeout_min_ms <= self.heartbeat_ms.saturating_mul(2) {
             return Err(Error::Invalid("election timeout must exceed twice the heartbeat".into()));
         }
         if self.election_timeout_max_ms <= self.election_timeout_min_ms {
