@@ -286,6 +286,8 @@ mod tests {
             ["--requests-in-flight-max", "0"],
             ["--lookup-rate-limit", "0"],
             ["--log", "not[valid"],
+            ["--heartbeat-ms", "0"],
+            ["--election-timeout-ms", "18446744073709551615"],
         ] {
             assert!(parse(&flags).is_err(), "{flags:?} was taken");
         }

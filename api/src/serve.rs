@@ -51,11 +51,14 @@ pub struct ServeArgs {
     /// Forward requests this node cannot serve to a node that can (true), or answer 421 (false).
     #[arg(long, env = "LOGDEX_FORWARD", default_value_t = true, action = clap::ArgAction::Set)]
     pub forward: bool,
-    /// Raft heartbeat interval of every group, in milliseconds.
-    #[arg(long, env = "LOGDEX_HEARTBEAT_MS", default_value_t = 250)]
+    /// Raft heartbeat interval of every group, in milliseconds (1 to 600000).
+    #[arg(long, env = "LOGDEX_HEARTBEAT_MS", default_value_t = 250,
+          value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pub heartbeat_ms: u64,
-    /// Minimum Raft election timeout, in milliseconds (the maximum is twice this).
-    #[arg(long, env = "LOGDEX_ELECTION_TIMEOUT_MS", default_value_t = 1500)]
+    /// Minimum Raft election timeout, in milliseconds (1 to 3600000; the maximum is twice
+    /// this). It must exceed twice the heartbeat.
+    #[arg(long, env = "LOGDEX_ELECTION_TIMEOUT_MS", default_value_t = 1500,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     pub election_timeout_ms: u64,
     /// File holding a bearer token required on every HTTP and client gRPC request
     /// (except /healthz, /readyz and /metrics). Forwarded requests carry it on.
@@ -247,7 +250,7 @@ impl ServeArgs {
             join: self.join.clone(),
             heartbeat_ms: self.heartbeat_ms,
             election_timeout_min_ms: self.election_timeout_ms,
-            election_timeout_max_ms: self.election_timeout_ms * 2,
+            election_timeout_max_ms: self.election_timeout_ms.saturating_mul(2),
             snapshot_every_entries: self.snapshot_every,
             log: LogConfig::default(),
             index: IndexConfig::default(),
