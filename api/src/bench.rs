@@ -32,6 +32,17 @@ use crate::bench_measure::progress_task;
 use crate::bench_restart::RestartReport;
 use crate::client::encode_key;
 
+/// `--value-bytes`: at most 16 MiB, well over what a node takes, so a bad value is refused here
+/// rather than by the allocator.
+fn parse_value_bytes(text: &str) -> Result<usize, String> {
+    const MAX: usize = 16 << 20;
+    match text.parse::<usize>() {
+        Ok(n) if n <= MAX => Ok(n),
+        Ok(_) => Err(format!("at most {MAX} bytes")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// What to run: load (write --keys keys), get1 (one client, closed loop, per read mode), getc
@@ -79,15 +90,16 @@ pub struct BenchArgs {
     /// rebuild].
     #[arg(long)]
     pub keys: Option<u64>,
-    /// Value size of load, in bytes of random data; get1 and getc check that every value read has it.
-    #[arg(long, default_value_t = 100)]
+    /// Value size of load, in bytes of random data (0 to 16777216); get1 and getc check that
+    /// every value read has it.
+    #[arg(long, default_value_t = 100, value_parser = parse_value_bytes)]
     pub value_bytes: usize,
     /// Concurrent clients, each with one request in flight [default: 32 for load and getc, 1 for get1 and noop].
     #[arg(long)]
     pub concurrency: Option<usize>,
     /// Time bound of each run in seconds [default: 10 for getc and a concurrent noop, 120 for get1 and a
-    /// single-client noop, 300 for load].
-    #[arg(long)]
+    /// single-client noop, 300 for load]; 1 to 86400.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub duration_secs: Option<u64>,
     /// Request-count bound of each run [default: --keys for load, 20000 for get1 and a single-client noop,
     /// none for getc and a concurrent noop].

@@ -288,6 +288,7 @@ mod tests {
             ["--log", "not[valid"],
             ["--heartbeat-ms", "0"],
             ["--election-timeout-ms", "18446744073709551615"],
+            ["--cleaner-interval-ms", "0"],
         ] {
             assert!(parse(&flags).is_err(), "{flags:?} was taken");
         }
@@ -300,6 +301,15 @@ mod tests {
         ] {
             assert!(parse(&flags).is_ok(), "{flags:?} was refused");
         }
+    }
+
+    #[test]
+    fn bench_value_size_and_duration_out_of_range_are_refused_at_parse() {
+        let parse = |flags: &[&str]| Cli::try_parse_from([&["logdex", "bench", "load"], flags].concat());
+        assert!(parse(&["--value-bytes", "100000000000"]).is_err());
+        assert!(parse(&["--duration-secs", "0"]).is_err());
+        assert!(parse(&["--duration-secs", "18446744073709551615"]).is_err());
+        assert!(parse(&["--value-bytes", "1048576", "--duration-secs", "60"]).is_ok());
     }
 
     #[test]

@@ -93,7 +93,8 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u8).range(1..=logdex_raft::node::CONTROLLER_VOTERS_MAX as i64))]
     pub controller_voters: u8,
     /// How often compaction (cleanup.policy=compact) and retention (delete) run on each log, in ms.
-    #[arg(long, env = "LOGDEX_CLEANER_INTERVAL_MS", default_value_t = 30_000)]
+    #[arg(long, env = "LOGDEX_CLEANER_INTERVAL_MS", default_value_t = 30_000,
+          value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
     pub cleaner_interval_ms: u64,
     /// Object store of tiered storage, the same for every node of the cluster: an
     /// S3-compatible bucket `s3://bucket/prefix` (endpoint, region and credentials from the
