@@ -809,15 +809,25 @@ fn fmt_num(v: f64) -> String {
 mod tests {
     use super::*;
 
+    /// A run's report as its JSON line gives it, for the report's tests.
+    fn run_report(
+        system: &str,
+        workload: &str,
+        read: Option<&str>,
+        protocol: Option<&str>,
+        clients: usize,
+    ) -> RunReport {
+        let mut r = Stats::default().report(system, workload, read.map(String::from), clients, Duration::from_secs(1));
+        r.protocol = protocol.map(String::from);
+        r
+    }
+
     #[test]
     fn report_puts_http_grpc_and_restart_runs_in_one_table() -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("results.jsonl");
         let run = |system: &str, workload: &str, read: Option<&str>, protocol: Option<&str>, rate: f64| {
-            let mut r = Stats::default().report(system, workload, read.map(String::from), 32, Duration::from_secs(1));
-            r.rate_per_s = rate;
-            r.p50_us = 100.0;
-            r.protocol = protocol.map(String::from);
+            let r = RunReport { rate_per_s: rate, p50_us: 100.0, ..run_report(system, workload, read, protocol, 32) };
             serde_json::to_string(&r)
         };
         let restart = |workload: &str, kind: &str, ready_ms: f64| {
@@ -858,10 +868,7 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("results.jsonl");
         let run = |system: &str, workload: &str, read: Option<&str>, protocol: Option<&str>, p50: f64| {
-            let mut r = Stats::default().report(system, workload, read.map(String::from), 1, Duration::from_secs(1));
-            r.p50_us = p50;
-            r.protocol = protocol.map(String::from);
-            serde_json::to_string(&r)
+            serde_json::to_string(&RunReport { p50_us: p50, ..run_report(system, workload, read, protocol, 1) })
         };
         let http_floor = run("floor", "noop", None, None, 100.0)?;
         let grpc_floor = run("floor", "noop", None, Some("grpc"), 125.0)?;
