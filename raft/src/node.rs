@@ -72,10 +72,10 @@ const CONTROLLER_LEADER_WAIT: Duration = Duration::from_secs(8);
 /// How often a controller write whose leader cannot be reached asks again (an election).
 const CONTROLLER_RETRY: Duration = Duration::from_millis(100);
 /// How long a `linearizable` or `strict` read waits for a leader that answers, beyond
-/// the longest election timeout and one read-index call's deadline: a follower learns
-/// that its leader died only when an election timer fires (up to the maximum election
-/// timeout after the last heartbeat), an election can take more than one round, and the
-/// new leader's first heartbeat takes a little more. (8 s with the default timeouts, as
+/// the longest election timeout and one read-index call's deadline: a follower starts an
+/// election only once the leader lease it granted (the longest election timeout) and then
+/// its own election timeout have passed since the last heartbeat, and the new leader's
+/// first heartbeat takes a little more. (8 s with the default timeouts, as
 /// long as a write waits for a leader. Measured with the defaults, a follower served such
 /// reads 4.6 to 6.0 s after its leader was killed or paused; a 6 s bound answered 503 in
 /// 2 of 34 pauses, a 4 s bound in every test run.)
@@ -1280,9 +1280,6 @@ impl Node {
                 || (pending.iter().all(|r| matched(m, r.replica_id) >= goal)
                     && target.iter().filter(|r| answering(m, r.replica_id)).count() * 2 > target.len())
         };
-        if ready(&metrics) {
-            return Ok(());
-        }
         // A move replaced meanwhile (say, one onto a node that is down, taken back) ends the
         // wait at once: the next pass drives the new target.
         let replaced = async {
@@ -1649,9 +1646,8 @@ impl Node {
             let header = pb::GroupHeader { group_id: hosted.group_id, target_replica: leader_replica };
             // A leader that stops answering without closing its connections (paused, cut
             // off) holds the call until its deadline; once this replica sees another
-            // leader, or an election, the read asks there instead. The read's own bound
-            // ends the wait too.
-            // (No timer of its own: the read's bound below ends it.)
+            // leader, or an election, the read asks there instead. The wait arms no timer of
+            // its own: the read's bound below ends it.
             let wait = hosted.raft.wait(None);
             let deposed = wait.metrics(|m| m.current_leader != Some(leader_replica), "partition leader changes");
             tokio::select! {
