@@ -352,8 +352,17 @@ impl Nemesis<'_> {
 
     /// Power loss of `nodes` (all running nodes when empty): SIGKILL, cut every traced file
     /// back to its last fsync (tearing a page when `tear`), optionally delete one node's index
-    /// so it rebuilds from the log, and restart.
-    pub async fn power_loss(&mut self, nodes: &[u64], tear: bool, wipe_index: Option<u64>) -> Result<()> {
+    /// so it rebuilds from the log, and restart. With `loss_required`, the fault counts as
+    /// having happened (C5) only if unsynced bytes were lost; without, a node that had nothing
+    /// unsynced (its partitions idle for a checkpoint interval, say while their leader was
+    /// paused) went through a kill -9, which is a fault too.
+    pub async fn power_loss(
+        &mut self,
+        nodes: &[u64],
+        tear: bool,
+        wipe_index: Option<u64>,
+        loss_required: bool,
+    ) -> Result<()> {
         let victims: Vec<u64> = if nodes.is_empty() { self.cluster.running_ids() } else { nodes.to_vec() };
         for id in &victims {
             self.state.bump_epoch(*id);
@@ -365,15 +374,13 @@ impl Nemesis<'_> {
             std::fs::remove_dir_all(&index).map_err(|e| Error::io(format!("removing {}", index.display()), e))?;
             what.push_str(&format!("; node {id}'s index deleted"));
         }
-        let ok = report.bytes_lost > 0 || report.pages_torn > 0;
-        self.note(
-            EventKind::Fault,
-            what,
-            Some(Evidence {
-                ok,
-                detail: if ok { "unsynced bytes lost".into() } else { "nothing unsynced to lose".into() },
-            }),
-        );
+        let lost = report.bytes_lost > 0 || report.pages_torn > 0;
+        let detail = match (lost, loss_required) {
+            (true, _) => "unsynced bytes lost",
+            (false, true) => "nothing unsynced to lose",
+            (false, false) => "nothing unsynced to lose: a kill -9, processes reaped",
+        };
+        self.note(EventKind::Fault, what, Some(Evidence { ok: lost || !loss_required, detail: detail.into() }));
         for id in &victims {
             self.cluster.launch_stopped(*id)?;
         }

@@ -398,7 +398,7 @@ async fn apply_faults(n: &mut Nemesis<'_>, s: &Scenario, workload: &Workload) ->
         Faults::PowerLoss => {
             let wipe = n.rng.random_range(1..=s.nodes as u64);
             for round in 0..3 {
-                n.power_loss(&[], round > 0, (round == 2).then_some(wipe)).await?;
+                n.power_loss(&[], round > 0, (round == 2).then_some(wipe), true).await?;
                 let calm = Duration::from_millis(n.rng.random_range(6000..=9000));
                 n.hold(calm).await?;
             }
@@ -492,7 +492,7 @@ async fn mixed(n: &mut Nemesis<'_>, s: &Scenario, window_end: Instant) -> Result
             28..36 => {
                 let tear = n.rng.random_bool(0.7);
                 let wipe = n.rng.random_bool(0.2).then(|| nodes[n.rng.random_range(0..nodes.len())]);
-                n.power_loss(&[], tear, wipe).await?;
+                n.power_loss(&[], tear, wipe, false).await?;
             }
             36..44 => {
                 // Pause a minority minus one, power-fail another node, continue the paused.
@@ -508,7 +508,7 @@ async fn mixed(n: &mut Nemesis<'_>, s: &Scenario, window_end: Instant) -> Result
                     evidence: None,
                 });
                 n.hold(Duration::from_secs(2)).await?;
-                n.power_loss(failed, true, None).await?;
+                n.power_loss(failed, true, None, false).await?;
                 n.hold(Duration::from_secs(2)).await?;
                 n.cluster.resume_all()?;
                 n.events.push(Event {
