@@ -366,7 +366,6 @@ async fn produce(topic: &str, batch: usize, target: &Target) -> Result<(), Strin
     let mut total = 0u64;
     // Learned at the first batch a node cannot take whole.
     let mut partitions: Option<u32> = None;
-    let mut keyless_next = 0u32;
     loop {
         let mut records = Vec::with_capacity(batch);
         for line in lines.by_ref().take(batch) {
@@ -386,19 +385,25 @@ async fn produce(topic: &str, batch: usize, target: &Target) -> Result<(), Strin
         if answer.status == reqwest::StatusCode::MISDIRECTED_REQUEST {
             // A node started with `--forward=false` takes a batch whole only when it leads
             // every partition the batch names (nothing was written): send each partition's
-            // records on its own, each to its leader through the redirect.
+            // records on its own, each to its leader through the redirect, and the records
+            // without a key together, for the node to place in a partition it leads.
             let partitions = match partitions {
                 Some(p) => p,
                 None => *partitions.insert(partition_count(&c, topic).await?),
             };
+            let (keyed, keyless) = split_by_partition(records, partitions);
+            let parts = keyed
+                .into_iter()
+                .map(|(partition, part)| (format!("partition {partition}"), part))
+                .chain((!keyless.is_empty()).then(|| ("the records without a key".to_string(), keyless)));
             let mut sent = 0;
-            for (partition, part) in split_by_partition(records, partitions, &mut keyless_next) {
+            for (what, part) in parts {
                 let count = part.len() as u64;
                 let body = json!({ "records": part });
                 let answer = c.json_call(reqwest::Method::POST, &path, &body).await?;
-                answer.ok().map_err(|e| {
-                    format!("partition {partition}: {e} ({} records written before this one)", total + sent)
-                })?;
+                answer
+                    .ok()
+                    .map_err(|e| format!("{what}: {e} ({} records written before these)", total + sent))?;
                 sent += count;
             }
         } else {
@@ -426,23 +431,24 @@ async fn partition_count(c: &Client, topic: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("topic {topic} was described without partitions: {v}"))
 }
 
-/// `records` (`{"key", "value"}` objects) grouped by the partition the server would give
-/// them (Kafka's murmur2 of the key; records without a key in turn), each naming it, in
-/// partition order and in their own order within a partition.
-fn split_by_partition(records: Vec<Value>, partitions: u32, keyless_next: &mut u32) -> BTreeMap<u32, Vec<Value>> {
-    let mut out: BTreeMap<u32, Vec<Value>> = BTreeMap::new();
+/// `records` (`{"key", "value"}` objects) with a key, grouped by the partition the server
+/// would give them (Kafka's murmur2 of the key), each naming it, in partition order and in
+/// their own order within a partition; and the records without a key, in their order, naming
+/// no partition (a node places them together).
+fn split_by_partition(records: Vec<Value>, partitions: u32) -> (BTreeMap<u32, Vec<Value>>, Vec<Value>) {
+    let mut keyed: BTreeMap<u32, Vec<Value>> = BTreeMap::new();
+    let mut keyless = Vec::new();
     for mut record in records {
-        let partition = match record["key"].as_str() {
-            Some(key) => crate::murmur2::partition_for_key(key.as_bytes(), partitions),
-            None => {
-                *keyless_next = keyless_next.wrapping_add(1);
-                *keyless_next % partitions
+        match record["key"].as_str() {
+            Some(key) => {
+                let partition = crate::murmur2::partition_for_key(key.as_bytes(), partitions);
+                record["partition"] = json!(partition);
+                keyed.entry(partition).or_default().push(record);
             }
-        };
-        record["partition"] = json!(partition);
-        out.entry(partition).or_default().push(record);
+            None => keyless.push(record),
+        }
     }
-    out
+    (keyed, keyless)
 }
 
 /// A key or value of a base64 fetch page as one field of a `consume` line: UTF-8 text with
@@ -548,7 +554,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_batch_split_by_partition_keeps_each_keys_partition_and_the_record_order() {
+    fn a_split_batch_keeps_each_keys_partition_and_the_order_and_the_keyless_records_together() {
         let records: Vec<Value> = (0..40)
             .map(|i| {
                 if i % 4 == 3 {
@@ -558,26 +564,23 @@ mod tests {
                 }
             })
             .collect();
-        let mut keyless_next = 0;
-        let split = split_by_partition(records.clone(), 6, &mut keyless_next);
-        assert_eq!(split.values().map(Vec::len).sum::<usize>(), records.len());
-        let mut keyless_partitions = std::collections::BTreeSet::new();
-        for (partition, part) in &split {
+        let (keyed, keyless) = split_by_partition(records.clone(), 6);
+        assert_eq!(keyed.values().map(Vec::len).sum::<usize>() + keyless.len(), records.len());
+        // In the order of the input within each group.
+        let numbers = |part: &[Value]| -> Vec<u32> {
+            part.iter().filter_map(|r| r["value"].as_str()?.strip_prefix('v')?.parse().ok()).collect()
+        };
+        for (partition, part) in &keyed {
             for r in part {
                 assert_eq!(r["partition"], json!(partition));
-                match r["key"].as_str() {
-                    Some(key) => assert_eq!(crate::murmur2::partition_for_key(key.as_bytes(), 6), *partition),
-                    None => {
-                        keyless_partitions.insert(*partition);
-                    }
-                }
+                let key = r["key"].as_str().unwrap_or_default();
+                assert_eq!(crate::murmur2::partition_for_key(key.as_bytes(), 6), *partition);
             }
-            // In the order of the input within each partition.
-            let numbers: Vec<u32> =
-                part.iter().filter_map(|r| r["value"].as_str()?.strip_prefix('v')?.parse().ok()).collect();
+            let numbers = numbers(part);
             assert!(numbers.windows(2).all(|w| w[0] < w[1]), "partition {partition}: {numbers:?}");
         }
-        assert_eq!(keyless_partitions.len(), 6, "records without a key spread over every partition");
+        assert_eq!(numbers(&keyless), (0..10).map(|i| i * 4 + 3).collect::<Vec<u32>>());
+        assert!(keyless.iter().all(|r| r.get("partition").is_none()), "the node places records without a key");
     }
 
     #[test]

@@ -453,7 +453,6 @@ fn path_and_query(uri: &Uri) -> String {
     uri.path_and_query().map(|pq| pq.as_str().to_string()).unwrap_or_else(|| uri.path().to_string())
 }
 
-/// The key of a `/kv/{topic}/{key}` request, from the raw path (so binary keys survive).
 /// The topic of a `/kv/{topic}/{key}` request, from the raw path.
 fn topic_from_uri(uri: &Uri) -> Result<String, ApiError> {
     let rest = uri.path().strip_prefix("/kv/").unwrap_or("");
@@ -713,6 +712,9 @@ async fn produce_records(
     }
     let n = t.partitions.len() as u32;
     let now = now_ms();
+    let hop = hop(&s, &headers, &q);
+    // The partition of the records that name neither a partition nor a key, chosen at the first.
+    let mut keyless = None;
     // Partition -> (request positions, records), validated before anything is written.
     let mut per_partition = PartitionBatches::new();
     for (i, r) in req.records.into_iter().enumerate() {
@@ -737,7 +739,7 @@ async fn produce_records(
                 return Err(ApiError::bad("invalid_partition", format!("record {i}: partition {p} of {n}")));
             }
             (None, Some(k)) => partition_for_key(k, n),
-            (None, None) => s.round_robin.fetch_add(1, Ordering::Relaxed) % n,
+            (None, None) => *keyless.get_or_insert_with(|| keyless_partition(&s, &t, hop)),
         };
         let mut record_headers = Vec::with_capacity(r.headers.len());
         let mut header_bytes = 0usize;
@@ -757,7 +759,6 @@ async fn produce_records(
         entry.0.push(i);
         entry.1.push(Record { timestamp_ms: now, key, value, headers: record_headers });
     }
-    let hop = hop(&s, &headers, &q);
     // Each partition's records are one batch, appended whole or not at all; what would refuse
     // one partition's batch after others were written is checked first, for all of them.
     check_partition_batches(&s, &t, &per_partition)?;
@@ -778,6 +779,27 @@ async fn produce_records(
         }
     }
     Ok(Json(json!({ "offsets": offsets })).into_response())
+}
+
+/// The partition of a produce request's records that name neither a partition nor a key: one
+/// for all of them, as Kafka's sticky partitioner keeps a batch's keyless records together, so
+/// they are one batch, appended whole or not at all, and one Raft entry rather than one per
+/// partition. The partitions take turns from one request to the next. A node that must write
+/// the records itself (`forward=false`, or a request forwarded to it) takes the first in turn
+/// that it leads, so it does not refuse records it could have placed; when it leads none, the
+/// turn's partition stands (and a node that does not forward answers 421 naming its leader).
+fn keyless_partition(s: &AppState, t: &TopicRecord, hop: Hop) -> u32 {
+    let n = t.partitions.len() as u32;
+    let turn = s.round_robin.fetch_add(1, Ordering::Relaxed) % n.max(1);
+    if hop.forwarded || !hop.forward {
+        let led_here = |p: &u32| {
+            t.partitions.get(*p as usize).is_some_and(|record| s.router.local_leader(record.group_id).is_some())
+        };
+        if let Some(p) = (0..n).map(|i| (turn + i) % n).find(led_here) {
+            return p;
+        }
+    }
+    turn
 }
 
 /// Records of a produce request, grouped by partition: (request positions, records).

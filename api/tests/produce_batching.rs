@@ -1,7 +1,8 @@
 //! Concurrent writes are batched into one Raft entry, but batching never changes what a
 //! request alone would get: under a small `max.message.bytes`, concurrent writes that each
 //! fit all succeed (though together they would not), and a write too big by itself is
-//! refused with a JSON error while the others go through.
+//! refused with a JSON error while the others go through. The records of one produce request
+//! that name neither a key nor a partition go into one partition together, one batch.
 
 mod common;
 
@@ -48,5 +49,74 @@ async fn concurrent_writes_that_each_fit_max_message_bytes_all_succeed() -> Test
     let r = http.get(format!("{url}/kv/small/big")).send().await?;
     assert_eq!(r.status(), 404, "the refused write left nothing behind");
     node.shutdown().await;
+    Ok(())
+}
+
+/// The (partition, offset) of each record of a produce answer.
+fn placed(answer: &serde_json::Value) -> Vec<(u64, u64)> {
+    answer["offsets"]
+        .as_array()
+        .map(|offsets| offsets.iter().filter_map(|o| Some((o["partition"].as_u64()?, o["offset"].as_u64()?))).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyless_records_of_one_request_share_one_partition_and_requests_take_turns() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let http = reqwest::Client::new();
+    let (node, url) = common::start_node(dir.path(), &[]).await?;
+    common::create_topic(&http, &url, "logs", 4).await?;
+    let mut turns = std::collections::BTreeSet::new();
+    for request in 0..4 {
+        // Five records without a key around one with a key: the keyed one goes by its key.
+        let mut records: Vec<_> = (0..5).map(|i| serde_json::json!({"value": format!("r{request}-{i}")})).collect();
+        records.insert(2, serde_json::json!({"key": "k", "value": "keyed"}));
+        let answer = http.post(format!("{url}/topics/logs/records")).json(&serde_json::json!({"records": records}));
+        let answer = answer.send().await?;
+        assert_eq!(answer.status(), 200);
+        let mut offsets = placed(&answer.json().await?);
+        assert_eq!(offsets.len(), 6);
+        offsets.remove(2);
+        let partition = offsets[0].0;
+        assert!(offsets.iter().all(|(p, _)| *p == partition), "request {request}: {offsets:?}");
+        let numbers: Vec<u64> = offsets.iter().map(|(_, o)| *o).collect();
+        assert!(numbers.windows(2).all(|w| w[1] == w[0] + 1), "one batch, in request order: {numbers:?}");
+        turns.insert(partition);
+    }
+    assert_eq!(turns.len(), 4, "four requests took the four partitions in turn: {turns:?}");
+    node.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_does_not_forward_places_keyless_records_in_a_partition_it_leads() -> TestResult {
+    let (dir_1, dir_2) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let http = reqwest::Client::new();
+    let (node_1, url_1) = common::start_node(dir_1.path(), &["--node-id", "1"]).await?;
+    let join = node_1.rpc_addr.to_string();
+    let (node_2, url_2) = common::start_node(dir_2.path(), &["--node-id", "2", "--join", &join]).await?;
+    common::create_topic(&http, &url_1, "logs", 4).await?;
+    let described: serde_json::Value = http.get(format!("{url_1}/topics/logs")).send().await?.json().await?;
+    let led_by_2: Vec<u64> = described["partitions"]
+        .as_array()
+        .map(|ps| ps.iter().filter(|p| p["leader"] == 2).filter_map(|p| p["partition"].as_u64()).collect())
+        .unwrap_or_default();
+    assert!(!led_by_2.is_empty() && led_by_2.len() < 4, "node 2 leads some partitions only: {described}");
+    for request in 0..6 {
+        let records: Vec<_> = (0..3).map(|i| serde_json::json!({"value": format!("r{request}-{i}")})).collect();
+        let answer = http
+            .post(format!("{url_2}/topics/logs/records?forward=false"))
+            .json(&serde_json::json!({"records": records}))
+            .send()
+            .await?;
+        let status = answer.status();
+        let body: serde_json::Value = answer.json().await?;
+        assert_eq!(status, 200, "request {request}: {body}");
+        let offsets = placed(&body);
+        assert_eq!(offsets.len(), 3);
+        assert!(offsets.iter().all(|(p, _)| led_by_2.contains(p)), "request {request}: {offsets:?}, node 2 leads {led_by_2:?}");
+    }
+    node_2.shutdown().await;
+    node_1.shutdown().await;
     Ok(())
 }
