@@ -401,9 +401,7 @@ async fn produce(topic: &str, batch: usize, target: &Target) -> Result<(), Strin
                 let count = part.len() as u64;
                 let body = json!({ "records": part });
                 let answer = c.json_call(reqwest::Method::POST, &path, &body).await?;
-                answer
-                    .ok()
-                    .map_err(|e| format!("{what}: {e} ({} records written before these)", total + sent))?;
+                answer.ok().map_err(|e| format!("{what}: {e} ({} records written before these)", total + sent))?;
                 sent += count;
             }
         } else {

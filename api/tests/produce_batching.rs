@@ -68,15 +68,15 @@ async fn keyless_records_of_one_request_share_one_partition_and_requests_take_tu
     common::create_topic(&http, &url, "logs", 4).await?;
     let mut turns = std::collections::BTreeSet::new();
     for request in 0..4 {
-        // Five records without a key around one with a key: the keyed one goes by its key.
+        // Five records without a key, then one with a key, which goes by its key.
         let mut records: Vec<_> = (0..5).map(|i| serde_json::json!({"value": format!("r{request}-{i}")})).collect();
-        records.insert(2, serde_json::json!({"key": "k", "value": "keyed"}));
+        records.push(serde_json::json!({"key": "k", "value": "keyed"}));
         let answer = http.post(format!("{url}/topics/logs/records")).json(&serde_json::json!({"records": records}));
         let answer = answer.send().await?;
         assert_eq!(answer.status(), 200);
         let mut offsets = placed(&answer.json().await?);
         assert_eq!(offsets.len(), 6);
-        offsets.remove(2);
+        offsets.pop();
         let partition = offsets[0].0;
         assert!(offsets.iter().all(|(p, _)| *p == partition), "request {request}: {offsets:?}");
         let numbers: Vec<u64> = offsets.iter().map(|(_, o)| *o).collect();
@@ -114,7 +114,10 @@ async fn a_node_that_does_not_forward_places_keyless_records_in_a_partition_it_l
         assert_eq!(status, 200, "request {request}: {body}");
         let offsets = placed(&body);
         assert_eq!(offsets.len(), 3);
-        assert!(offsets.iter().all(|(p, _)| led_by_2.contains(p)), "request {request}: {offsets:?}, node 2 leads {led_by_2:?}");
+        assert!(
+            offsets.iter().all(|(p, _)| led_by_2.contains(p)),
+            "request {request}: {offsets:?}, node 2 leads {led_by_2:?}"
+        );
     }
     node_2.shutdown().await;
     node_1.shutdown().await;
