@@ -190,35 +190,47 @@ impl Service {
         Ok(Answer { status, headers, body })
     }
 
-    async fn write(
-        &self,
-        method: &str,
-        at: KeyAt<'_>,
-        value: Vec<u8>,
-        auth: Option<String>,
-    ) -> Result<Response<pb::WriteResponse>, Status> {
-        let KeyAt { topic, key, partition, forward } = at;
-        let topic = topic_segment(topic)?;
-        // The key's bound is checked here, before it is encoded into a URI (which has a
-        // bound of its own), with the answer HTTP gives.
-        let key_bytes_max = self.state.limits.key_bytes_max;
-        if key.len() > key_bytes_max {
-            let e = ApiError::TooLarge(format!("key of {} bytes exceeds {key_bytes_max}", key.len()));
-            return Err(status_of_error(&e));
+    /// A `Put` (`value`) or `Delete` (`None`): served from the node directly, with the checks,
+    /// routing and metrics of `PUT` and `DELETE /kv/{topic}/{key}` (`http::write_one`,
+    /// `Guard::admit_call`), without an HTTP request in between.
+    async fn write(&self, request: Request<impl KeyedWrite>) -> Result<Response<pb::WriteResponse>, Status> {
+        let started = Instant::now();
+        let auth = authorization(&request);
+        let (method, at, value) = request.into_inner().into_parts();
+        let s = &self.state;
+        let written = async {
+            // The token first: a call without it learns nothing of its input's faults.
+            let _slot = s.guard.admit_call(auth.as_deref())?;
+            // As `/kv/{topic}/` answers over HTTP, whatever the topic.
+            if at.key.is_empty() {
+                return Err(crate::http::empty_key());
+            }
+            // The request's HTTP form: a node that does not forward names it in its redirect.
+            // The topic exists (so its name is a valid path segment) and the key is within
+            // its bound by the time it is built.
+            let mut uri = format!("/kv/{}/{}?key_encoding=base64url", at.topic, b64url(&at.key));
+            if let Some(p) = at.partition {
+                uri.push_str(&format!("&partition={p}"));
+            }
+            let uri = move || {
+                with_forward(uri, at.forward).parse().map_err(|e| ApiError::Internal(format!("the request's URI: {e}")))
+            };
+            let write = crate::http::KeyWrite {
+                topic: crate::http::topic(s, &at.topic)?,
+                key: at.key,
+                value,
+                partition: at.partition,
+                hop: Hop { forwarded: false, forward: at.forward.unwrap_or(s.forward_default) },
+            };
+            crate::http::write_one(s, write, uri).await
         }
-        let mut uri = format!("/kv/{topic}/{}?key_encoding=base64url", b64url(key));
-        if let Some(p) = partition {
-            uri.push_str(&format!("&partition={p}"));
-        }
-        let a = self.call(method, with_forward(uri, forward), value, auth).await?;
-        if !a.status.is_success() {
-            return Err(self.with_rpc_redirect(status_of(a.status, &a.body, &a.headers)));
-        }
-        let v: Value = serde_json::from_slice(&a.body).map_err(|e| Status::internal(e.to_string()))?;
-        Ok(Response::new(pb::WriteResponse {
-            partition: v["partition"].as_u64().unwrap_or(0) as u32,
-            offset: v["offset"].as_u64().unwrap_or(0),
-        }))
+        .await;
+        let status = written.as_ref().map_or_else(ApiError::status, |_| StatusCode::OK);
+        // Counted as the HTTP route it stands for.
+        s.guard.metrics.observe(&method, LOOKUP_ROUTE, status, started.elapsed());
+        written
+            .map(|(partition, offset)| Response::new(pb::WriteResponse { partition, offset }))
+            .map_err(|e| self.with_rpc_redirect(status_of_error(&e)))
     }
 
     /// A `Get` another node answers: through the router, which forwards it or answers 421.
@@ -255,12 +267,32 @@ impl Service {
 }
 
 /// Where a `Put` or `Delete` writes.
-struct KeyAt<'a> {
-    topic: &'a str,
-    key: &'a [u8],
+struct KeyAt {
+    topic: String,
+    key: Vec<u8>,
     partition: Option<u32>,
     /// The request's `forward`; `None` follows the node's `--forward`.
     forward: Option<bool>,
+}
+
+/// A `Put` or a `Delete`.
+trait KeyedWrite {
+    /// The HTTP method the call stands for, where it writes, and the value (`None`: a tombstone).
+    fn into_parts(self) -> (Method, KeyAt, Option<Vec<u8>>);
+}
+
+impl KeyedWrite for pb::PutRequest {
+    fn into_parts(self) -> (Method, KeyAt, Option<Vec<u8>>) {
+        let at = KeyAt { topic: self.topic, key: self.key, partition: self.partition, forward: self.forward };
+        (Method::PUT, at, Some(self.value))
+    }
+}
+
+impl KeyedWrite for pb::DeleteRequest {
+    fn into_parts(self) -> (Method, KeyAt, Option<Vec<u8>>) {
+        let at = KeyAt { topic: self.topic, key: self.key, partition: self.partition, forward: self.forward };
+        (Method::DELETE, at, None)
+    }
 }
 
 /// `uri` with the request's `forward` as HTTP's `forward=` query parameter, when it has one.
@@ -293,17 +325,11 @@ fn header_u64(headers: &axum::http::HeaderMap, name: &str) -> u64 {
 #[tonic::async_trait]
 impl Logdex for Service {
     async fn put(&self, request: Request<pb::PutRequest>) -> Result<Response<pb::WriteResponse>, Status> {
-        let auth = self.authorized(&request)?;
-        let r = request.into_inner();
-        let at = KeyAt { topic: &r.topic, key: &r.key, partition: r.partition, forward: r.forward };
-        self.write("PUT", at, r.value, auth).await
+        self.write(request).await
     }
 
     async fn delete(&self, request: Request<pb::DeleteRequest>) -> Result<Response<pb::WriteResponse>, Status> {
-        let auth = self.authorized(&request)?;
-        let r = request.into_inner();
-        let at = KeyAt { topic: &r.topic, key: &r.key, partition: r.partition, forward: r.forward };
-        self.write("DELETE", at, Vec::new(), auth).await
+        self.write(request).await
     }
 
     async fn get(&self, request: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {

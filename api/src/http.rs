@@ -601,19 +601,46 @@ async fn write_key(
     value: Option<Vec<u8>>,
 ) -> Result<Response, ApiError> {
     let topic_name = topic_from_uri(&uri)?;
-    let t = topic(&s, &topic_name)?;
-    let key = key_from_uri(&uri, q.key_encoding.as_deref())?;
-    if key.len() > s.limits.key_bytes_max {
-        return Err(ApiError::TooLarge(format!("key of {} bytes exceeds {}", key.len(), s.limits.key_bytes_max)));
+    let write = KeyWrite {
+        topic: topic(&s, &topic_name)?,
+        key: key_from_uri(&uri, q.key_encoding.as_deref())?,
+        value,
+        partition: q.partition.as_deref().map(partition_number).transpose()?,
+        hop: hop(&s, &headers, &q),
+    };
+    let (partition, offset) = write_one(&s, write, move || Ok(uri)).await?;
+    Ok(written(partition, offset))
+}
+
+/// A write of one key (a value, or a tombstone when `value` is `None`), as the HTTP and the
+/// gRPC API ask it.
+pub(crate) struct KeyWrite {
+    pub topic: Arc<TopicRecord>,
+    pub key: Vec<u8>,
+    pub value: Option<Vec<u8>>,
+    pub partition: Option<u32>,
+    pub hop: Hop,
+}
+
+/// Writes one key on its partition's leader (here, forwarded to it, or redirected there when
+/// the request may not be forwarded: `uri` gives the request as this API's HTTP form, for the
+/// redirect, once the key and value passed their bounds). Answers the partition and the
+/// record's offset once it is committed and applied.
+pub(crate) async fn write_one(
+    s: &AppState,
+    w: KeyWrite,
+    uri: impl FnOnce() -> Result<Uri, ApiError>,
+) -> Result<(u32, u64), ApiError> {
+    if w.key.len() > s.limits.key_bytes_max {
+        return Err(ApiError::TooLarge(format!("key of {} bytes exceeds {}", w.key.len(), s.limits.key_bytes_max)));
     }
-    if value.as_ref().is_some_and(|v| v.len() > s.limits.value_bytes_max) {
+    if w.value.as_ref().is_some_and(|v| v.len() > s.limits.value_bytes_max) {
         return Err(ApiError::TooLarge(format!("value exceeds {} bytes", s.limits.value_bytes_max)));
     }
-    let p = partition_of(&t, q.partition.as_deref().map(partition_number).transpose()?, &key)?;
-    let record = Record { timestamp_ms: now_ms(), key: Some(key), value, headers: Vec::new() };
-    let hop = hop(&s, &headers, &q);
-    let offset = produce_to(&s, p, vec![record], hop, &uri).await?;
-    Ok(written(p.partition, offset))
+    let p = partition_of(&w.topic, w.partition, &w.key)?;
+    let record = Record { timestamp_ms: now_ms(), key: Some(w.key), value: w.value, headers: Vec::new() };
+    let offset = produce_to(s, p, vec![record], w.hop, &uri()?).await?;
+    Ok((p.partition, offset))
 }
 
 async fn put_key(
@@ -915,7 +942,7 @@ fn healthy_replica(s: &AppState, record: &PartitionRecord, hosted: &logdex_raft:
         .or_else(|| record.replicas.iter().map(|r| r.node_id).find(|n| *n != me))
 }
 
-fn empty_key() -> ApiError {
+pub(crate) fn empty_key() -> ApiError {
     ApiError::bad("invalid_key", "the key is empty")
 }
 

@@ -148,13 +148,79 @@ fn header_u64(response: &reqwest::Response, name: &str) -> TestResult<u64> {
     Ok(value.to_str()?.parse()?)
 }
 
-/// The count of the request series `method`, lookup route and `status` in `/metrics`.
-async fn lookups_counted(url: &str, status: u16) -> TestResult<u64> {
+/// The count of the request series `method`, key route and `status` in `/metrics`.
+async fn key_requests_counted(url: &str, method: &str, status: u16) -> TestResult<u64> {
     let text = reqwest::get(format!("{url}/metrics")).await?.text().await?;
     let series = format!(
-        "logdex_http_request_duration_seconds_count{{method=\"GET\",route=\"/kv/{{topic}}/{{*key}}\",status=\"{status}\"}} "
+        "logdex_http_request_duration_seconds_count{{method=\"{method}\",route=\"/kv/{{topic}}/{{*key}}\",status=\"{status}\"}} "
     );
     Ok(text.lines().find_map(|l| l.strip_prefix(&series)).map_or(Ok(0), str::parse)?)
+}
+
+async fn lookups_counted(url: &str, status: u16) -> TestResult<u64> {
+    key_requests_counted(url, "GET", status).await
+}
+
+/// A gRPC `Put` and `Delete` answer what `PUT` and `DELETE /kv/{topic}/{key}` answer: the
+/// partition and offset of the record, which a lookup then finds (or, after the delete, does
+/// not); the same error codes for bad input; and they are counted in the key route's request
+/// metrics under their HTTP methods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_put_and_delete_answer_what_http_writes_answer() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (node, url) = common::start_node(dir.path(), &[]).await?;
+    let http = reqwest::Client::new();
+    common::create_topic(&http, &url, "t", 3).await?;
+    let counted_before = (
+        key_requests_counted(&url, "PUT", 200).await?,
+        key_requests_counted(&url, "DELETE", 200).await?,
+        key_requests_counted(&url, "PUT", 400).await?,
+    );
+    let mut client = LogdexClient::connect(format!("http://{}", node.rpc_addr)).await?;
+    let put = |key: &[u8], value: &[u8]| pb::PutRequest {
+        topic: "t".into(),
+        key: key.to_vec(),
+        value: value.to_vec(),
+        ..Default::default()
+    };
+    let written = client.put(put(b"alice", b"hello")).await?.into_inner();
+    let looked_up = http.get(format!("{url}/kv/t/alice")).send().await?;
+    assert_eq!(looked_up.status(), 200);
+    assert_eq!(written.partition as u64, header_u64(&looked_up, "x-kv-partition")?);
+    assert_eq!(written.offset, header_u64(&looked_up, "x-kv-offset")?);
+    assert_eq!(looked_up.bytes().await?.as_ref(), b"hello");
+    // The key's partition is Kafka's, as over HTTP.
+    let over_http = http.put(format!("{url}/kv/t/alice")).body("again").send().await?;
+    assert_eq!(header_u64(&over_http, "x-kv-partition")?, written.partition as u64);
+    assert_eq!(header_u64(&over_http, "x-kv-offset")?, written.offset + 1);
+
+    let deleted = client.delete(pb::DeleteRequest { topic: "t".into(), key: b"alice".to_vec(), ..Default::default() });
+    let deleted = deleted.await?.into_inner();
+    assert_eq!((deleted.partition, deleted.offset), (written.partition, written.offset + 2));
+    assert_eq!(http.get(format!("{url}/kv/t/alice")).send().await?.status(), 404);
+
+    let refused = [
+        (put(b"", b"v"), tonic::Code::InvalidArgument, "invalid_key"),
+        (pb::PutRequest { partition: Some(3), ..put(b"bob", b"v") }, tonic::Code::InvalidArgument, "invalid_partition"),
+        (pb::PutRequest { topic: "nope".into(), ..put(b"bob", b"v") }, tonic::Code::NotFound, "topic_not_found"),
+    ];
+    for (request, code, error_code) in refused {
+        let status = client.put(request).await.err().ok_or("bad input answered")?;
+        assert_eq!(status.code(), code, "{status:?}");
+        assert!(status.message().starts_with(error_code), "{}", status.message());
+    }
+
+    // Two puts (one over HTTP), one delete, and the three refused puts.
+    let counted_after = (
+        key_requests_counted(&url, "PUT", 200).await?,
+        key_requests_counted(&url, "DELETE", 200).await?,
+        key_requests_counted(&url, "PUT", 400).await?,
+    );
+    assert_eq!(counted_after.0, counted_before.0 + 2);
+    assert_eq!(counted_after.1, counted_before.1 + 1);
+    assert_eq!(counted_after.2, counted_before.2 + 2, "the two refused with 400 (the third is a 404)");
+    node.shutdown().await;
+    Ok(())
 }
 
 /// A gRPC `Get` answers what `GET /kv/{topic}/{key}` answers: value, partition, offset, high
