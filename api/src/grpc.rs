@@ -3,9 +3,12 @@
 //! `Get` is served from the node directly when it holds a replica of the key's
 //! partition: the same lookup, checks and metrics as `GET /kv/{topic}/{key}`
 //! (`http::lookup`, `Guard::admit_lookup`), without an HTTP request in between.
-//! Every other call, and a `Get` another node must answer, is translated into the
-//! equivalent HTTP request and served by the same in-process router, so routing,
-//! forwarding, limits and error codes are one implementation for both protocols.
+//! `Put` and `Delete` call the write of `PUT` and `DELETE /kv/{topic}/{key}`
+//! (`http::write_one`, which forwards or redirects as over HTTP) after
+//! `Guard::admit_call`. Every other call, and a `Get` another node must answer, is
+//! translated into the equivalent HTTP request and served by the same in-process
+//! router, so routing, forwarding, limits and error codes are one implementation for
+//! both protocols.
 
 use std::time::Instant;
 
