@@ -1,6 +1,7 @@
 //! Topic configs outside Kafka's ranges, or asking for tiered storage on nodes without an
 //! object store, are refused with 400 `invalid_config` on create and on alter, instead of
-//! being stored and then read as something else; and a node that has not joined its cluster
+//! being stored and then read as something else; tiered storage, once on, cannot be turned
+//! off (its records may live only in the store); and a node that has not joined its cluster
 //! answers 503 for a topic it does not know, not 404.
 
 mod common;
@@ -80,6 +81,31 @@ async fn a_node_that_has_not_joined_answers_503_for_topics_it_does_not_know() ->
         let answer = error_code(http.get(format!("{url}{path}")).send().await?).await?;
         assert_eq!(answer, (503, "unavailable".to_string()), "GET {path}");
     }
+    node.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiered_storage_once_on_cannot_be_turned_off() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = dir.path().join("store");
+    std::fs::create_dir_all(&store)?;
+    let store_url = format!("file://{}", store.display());
+    let (node, url) = start_node(&dir.path().join("node"), &["--tiered-store", &store_url]).await?;
+    let http = reqwest::Client::new();
+    let body = json!({"name": "t", "partitions": 1, "replication_factor": 1,
+        "config": {"cleanup.policy": "delete", "remote.storage.enable": "true"}});
+    assert_eq!(http.post(format!("{url}/topics")).json(&body).send().await?.status(), 201);
+    let off = json!({"config": {"remote.storage.enable": "false"}});
+    let answer: Value = http.post(format!("{url}/topics/t/config")).json(&off).send().await?.json().await?;
+    assert_eq!(answer["error"]["code"], "invalid_config", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("cannot be turned off"), "{answer}");
+    let described: Value = http.get(format!("{url}/topics/t")).send().await?.json().await?;
+    assert_eq!(described["config"]["remote.storage.enable"], "true", "{described}");
+    // Other keys of a tiered topic still change.
+    let local = json!({"config": {"local.retention.ms": "60000"}});
+    assert_eq!(http.post(format!("{url}/topics/t/config")).json(&local).send().await?.status(), 200);
     node.shutdown().await;
     Ok(())
 }

@@ -35,6 +35,8 @@ pub const PARTITIONS_MAX: u32 = 1024;
 pub const REPLICATION_FACTOR_MAX: u32 = 7;
 /// Kafka's bound on topic name length.
 pub const TOPIC_NAME_BYTES_MAX: usize = 249;
+/// The topic config that turns tiered storage on (`"true"`).
+const TIERED_KEY: &str = "remote.storage.enable";
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct NodeRecord {
@@ -288,6 +290,20 @@ impl ClusterState {
         for (k, v) in &a.config {
             config.insert(k.clone(), v.clone());
         }
+        // As Kafka refuses it: records whose local copies were removed live only in the
+        // object store, and a topic without tiered storage would trim its log to the local
+        // start at once (and drop the objects if it were turned on again).
+        let tiered = |c: &BTreeMap<String, String>| c.get(TIERED_KEY).map(String::as_str) == Some("true");
+        if tiered(&topic.config) && !tiered(&config) {
+            return result(
+                "invalid",
+                format!(
+                    "{TIERED_KEY} cannot be turned off once on: records of topic {} may live only in the \
+                     tiered store; create a new topic without it and copy the records there",
+                    a.name
+                ),
+            );
+        }
         if let Err(e) = validate_config(&config) {
             return result("invalid", e);
         }
@@ -464,7 +480,7 @@ impl TopicRecord {
 
     /// Tiered storage settings, when `remote.storage.enable=true`.
     pub fn tier_policy(&self) -> Option<TierPolicy> {
-        if self.config.get("remote.storage.enable").map(String::as_str) != Some("true") {
+        if self.config.get(TIERED_KEY).map(String::as_str) != Some("true") {
             return None;
         }
         let num = |k: &str| self.config.get(k).and_then(|v| v.parse::<i64>().ok());
@@ -583,7 +599,7 @@ pub fn validate_config(config: &BTreeMap<String, String>) -> std::result::Result
         }
     }
     // As in Kafka: compaction rewrites sealed segments, which tiered storage copies once.
-    if config.get("remote.storage.enable").map(String::as_str) == Some("true")
+    if config.get(TIERED_KEY).map(String::as_str) == Some("true")
         && config.get("cleanup.policy").and_then(|p| canonical_cleanup_policy(p)) != Some("delete")
     {
         return Err("remote.storage.enable=true needs cleanup.policy=delete (compacted topics are not tiered)".into());
@@ -890,6 +906,31 @@ mod tests {
         assert!(validate_config(&config(&[tiered[0], ("cleanup.policy", "delete")])).is_ok());
         assert!(validate_config(&config(&[("remote.storage.enable", "yes")])).is_err());
         assert!(validate_config(&config(&[("local.retention.ms", "-3")])).is_err());
+    }
+
+    #[test]
+    fn tiered_storage_cannot_be_turned_off_once_on() {
+        let mut state = ClusterState::fresh();
+        register(&mut state, 1);
+        create(&mut state, "t", 1, 1);
+        let alter = |pairs: &[(&str, &str)]| pb::ControllerCommand {
+            kind: Some(Kind::AlterTopicConfig(pb::AlterTopicConfig {
+                name: "t".into(),
+                config: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            })),
+        };
+        // Off to off is no change; off to on is taken.
+        assert_eq!(state.apply(&alter(&[("remote.storage.enable", "false")])).status, "ok");
+        let on = [("cleanup.policy", "delete"), ("remote.storage.enable", "true")];
+        assert_eq!(state.apply(&alter(&on)).status, "ok");
+        assert_eq!(state.apply(&alter(&[("remote.storage.enable", "true")])).status, "ok");
+        for off in ["false", "FALSE", ""] {
+            let refused = state.apply(&alter(&[("remote.storage.enable", off)]));
+            assert_eq!(refused.status, "invalid", "{off:?}");
+            assert!(refused.message.contains("cannot be turned off"), "{}", refused.message);
+        }
+        assert_eq!(state.topics["t"].config["remote.storage.enable"], "true");
+        assert!(state.topics["t"].tier_policy().is_some());
     }
 
     #[test]
