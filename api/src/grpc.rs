@@ -209,8 +209,8 @@ impl Service {
                 return Err(crate::http::empty_key());
             }
             // The request's HTTP form: a node that does not forward names it in its redirect.
-            // The topic exists (so its name is a valid path segment) and the key is within
-            // its bound by the time it is built.
+            // It is parsed only once `write_one` has checked the key's bound, and the topic
+            // exists by then (so its name is a valid path segment).
             let mut uri = format!("/kv/{}/{}?key_encoding=base64url", at.topic, b64url(&at.key));
             if let Some(p) = at.partition {
                 uri.push_str(&format!("&partition={p}"));
