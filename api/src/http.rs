@@ -740,8 +740,9 @@ async fn produce_records(
     let n = t.partitions.len() as u32;
     let now = now_ms();
     let hop = hop(&s, &headers, &q);
-    // The partition of the records that name neither a partition nor a key, chosen at the first.
-    let mut keyless = None;
+    // The partition of the records that name neither a partition nor a key (chosen once).
+    let has_keyless = req.records.iter().any(|r| r.key.is_none() && matches!(r.partition, None | Some(Value::Null)));
+    let keyless = if has_keyless { Some(keyless_partition(&s, &t, hop).await) } else { None };
     // Partition -> (request positions, records), validated before anything is written.
     let mut per_partition = PartitionBatches::new();
     for (i, r) in req.records.into_iter().enumerate() {
@@ -766,7 +767,7 @@ async fn produce_records(
                 return Err(ApiError::bad("invalid_partition", format!("record {i}: partition {p} of {n}")));
             }
             (None, Some(k)) => partition_for_key(k, n),
-            (None, None) => *keyless.get_or_insert_with(|| keyless_partition(&s, &t, hop)),
+            (None, None) => keyless.unwrap_or(0),
         };
         let mut record_headers = Vec::with_capacity(r.headers.len());
         let mut header_bytes = 0usize;
@@ -811,22 +812,33 @@ async fn produce_records(
 /// The partition of a produce request's records that name neither a partition nor a key: one
 /// for all of them, as Kafka's sticky partitioner keeps a batch's keyless records together, so
 /// they are one batch, appended whole or not at all, and one Raft entry rather than one per
-/// partition. The partitions take turns from one request to the next. A node that must write
-/// the records itself (`forward=false`, or a request forwarded to it) takes the first in turn
-/// that it leads, so it does not refuse records it could have placed; when it leads none, the
-/// turn's partition stands (and a node that does not forward answers 421 naming its leader).
-fn keyless_partition(s: &AppState, t: &TopicRecord, hop: Hop) -> u32 {
+/// partition. The partitions take turns from one request to the next, passing over those
+/// without a known leader (as Kafka's partitioner picks only partitions that have one), unless
+/// none has one. A node that must write the records itself (`forward=false`, or a request
+/// forwarded to it) takes its turn among the partitions it leads, so it does not refuse
+/// records it could have placed; when it leads none, the turn's partition stands (and a node
+/// that does not forward answers 421 naming its leader).
+async fn keyless_partition(s: &AppState, t: &TopicRecord, hop: Hop) -> u32 {
     let n = t.partitions.len() as u32;
-    let turn = s.round_robin.fetch_add(1, Ordering::Relaxed) % n.max(1);
+    let turn = s.round_robin.fetch_add(1, Ordering::Relaxed);
+    let group = |p: u32| t.partitions.get(p as usize);
     if hop.forwarded || !hop.forward {
-        let led_here = |p: &u32| {
-            t.partitions.get(*p as usize).is_some_and(|record| s.router.local_leader(record.group_id).is_some())
+        let led: Vec<u32> =
+            (0..n).filter(|p| group(*p).is_some_and(|r| s.router.local_leader(r.group_id).is_some())).collect();
+        return match led.len() {
+            0 => turn % n.max(1),
+            count => led[turn as usize % count],
         };
-        if let Some(p) = (0..n).map(|i| (turn + i) % n).find(led_here) {
+    }
+    for i in 0..n {
+        let p = turn.wrapping_add(i) % n;
+        if let Some(record) = group(p)
+            && s.router.find_leader(record).await.is_some()
+        {
             return p;
         }
     }
-    turn
+    turn % n.max(1)
 }
 
 /// Records of a produce request, grouped by partition: (request positions, records).

@@ -123,3 +123,36 @@ async fn a_node_that_does_not_forward_places_keyless_records_in_a_partition_it_l
     node_1.shutdown().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyless_records_pass_over_partitions_without_a_leader() -> TestResult {
+    let (dir_1, dir_2) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let http = reqwest::Client::builder().timeout(std::time::Duration::from_secs(5)).build()?;
+    let (node_1, url_1) = common::start_node(dir_1.path(), &["--node-id", "1"]).await?;
+    let join = node_1.rpc_addr.to_string();
+    let (node_2, _url_2) = common::start_node(dir_2.path(), &["--node-id", "2", "--join", &join]).await?;
+    common::create_topic(&http, &url_1, "logs", 4).await?;
+    let described: serde_json::Value = http.get(format!("{url_1}/topics/logs")).send().await?.json().await?;
+    let on_1: Vec<u64> = described["partitions"]
+        .as_array()
+        .map(|ps| ps.iter().filter(|p| p["replicas"][0] == 1).filter_map(|p| p["partition"].as_u64()).collect())
+        .unwrap_or_default();
+    assert!(!on_1.is_empty() && on_1.len() < 4, "node 1 holds some partitions only: {described}");
+    // Node 2's partitions (one replica each) have no leader while it is down.
+    node_2.shutdown().await;
+    for request in 0..8 {
+        let records: Vec<_> = (0..2).map(|i| serde_json::json!({"value": format!("r{request}-{i}")})).collect();
+        let answer = http
+            .post(format!("{url_1}/topics/logs/records"))
+            .json(&serde_json::json!({"records": records}))
+            .send()
+            .await?;
+        let status = answer.status();
+        let body: serde_json::Value = answer.json().await?;
+        assert_eq!(status, 200, "request {request}: {body}");
+        let offsets = placed(&body);
+        assert!(offsets.iter().all(|(p, _)| on_1.contains(p)), "request {request}: {offsets:?}, node 1 holds {on_1:?}");
+    }
+    node_1.shutdown().await;
+    Ok(())
+}
