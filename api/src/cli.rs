@@ -57,7 +57,8 @@ pub enum Command {
         #[command(flatten)]
         target: Target,
     },
-    /// Produce records from stdin, one per line: `key<TAB>value` (a line without a tab has no key).
+    /// Produce records from stdin, one per line: `key<TAB>value` (a line without a tab has no key);
+    /// `--json`: the server's answer to each request (its records' offsets), one JSON line each.
     Produce {
         topic: String,
         /// Records per request.

@@ -401,11 +401,13 @@ async fn produce(topic: &str, batch: usize, target: &Target) -> Result<(), Strin
                 let count = part.len() as u64;
                 let body = json!({ "records": part });
                 let answer = c.json_call(reqwest::Method::POST, &path, &body).await?;
-                answer.ok().map_err(|e| format!("{what}: {e} ({} records written before these)", total + sent))?;
+                let answer =
+                    answer.ok().map_err(|e| format!("{what}: {e} ({} records written before these)", total + sent))?;
+                print_offsets(&answer, target.json)?;
                 sent += count;
             }
         } else {
-            answer.ok()?;
+            print_offsets(&answer.ok()?, target.json)?;
         }
         total += n;
         if progress {
@@ -415,7 +417,20 @@ async fn produce(topic: &str, batch: usize, target: &Target) -> Result<(), Strin
     if progress {
         eprintln!();
     }
-    println!("produced {total} records to {topic}");
+    if target.json {
+        eprintln!("produced {total} records to {topic}");
+    } else {
+        println!("produced {total} records to {topic}");
+    }
+    Ok(())
+}
+
+/// With `--json`, the server's answer to one produce request (its records' offsets), as one
+/// line of JSON.
+fn print_offsets(answer: &Answer, json_out: bool) -> Result<(), String> {
+    if json_out {
+        println!("{}", serde_json::to_string(&answer.json()?).unwrap_or_default());
+    }
     Ok(())
 }
 

@@ -147,6 +147,17 @@ async fn cli_produce_splits_a_batch_whose_partitions_have_different_leaders() ->
             let got = cli_ok(&url, &["get", "spread", &format!("key-{i}")]).await?;
             ensure_eq!(got.trim_end(), format!("value {i}"), "get key-{i}");
         }
+        // With --json: the server's answer to each request it sent, one JSON line each.
+        let input = "j-0\tv\nj-1\tv\nkeyless\nj-3\tv\n";
+        let (ok, stdout, stderr) = cli_with_input(&url, &["produce", "spread", "--json"], input).await?;
+        ensure!(ok, "logdex produce --json failed: {stderr}");
+        let mut placed = 0;
+        for line in stdout.lines() {
+            let answer: serde_json::Value =
+                serde_json::from_str(line).map_err(|e| Error::Check(format!("not JSON: {line:?}: {e}")))?;
+            placed += answer["offsets"].as_array().map_or(0, Vec::len);
+        }
+        ensure_eq!(placed, 4, "records placed in the JSON answers: {stdout}");
         Ok(())
     }
     .await;
