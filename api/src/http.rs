@@ -862,8 +862,10 @@ fn check_partition_batches(s: &AppState, t: &TopicRecord, batches: &PartitionBat
             .len();
         if bytes > limit {
             return Err(ApiError::TooLarge(format!(
-                "the records for partition {partition} make a batch of {bytes} bytes, over the topic's \
-                 max.message.bytes ({limit}); nothing was written"
+                "the records for partition {partition} make a batch of {bytes} bytes, over the limit of \
+                 {limit} bytes (the topic's max.message.bytes, or a batch's {}-byte header when that is \
+                 smaller); nothing was written",
+                logdex_log::BATCH_HEADER_BYTES
             )));
         }
     }

@@ -864,7 +864,9 @@ impl Partition {
         let limit = self.batch_bytes_max.load(Ordering::Relaxed);
         if bytes > limit as usize {
             return Err(Error::TooLarge(format!(
-                "record batch of {bytes} bytes exceeds the topic's max.message.bytes ({limit})"
+                "record batch of {bytes} bytes exceeds the limit of {limit} bytes (the topic's \
+                 max.message.bytes, or a batch's {}-byte header when that is smaller)",
+                logdex_log::BATCH_HEADER_BYTES
             )));
         }
         Ok(())
