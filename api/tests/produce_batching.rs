@@ -88,71 +88,91 @@ async fn keyless_records_of_one_request_share_one_partition_and_requests_take_tu
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_that_does_not_forward_places_keyless_records_in_a_partition_it_leads() -> TestResult {
+/// Two nodes (node 2 joined through node 1) and topic `logs` of 4 partitions with one replica
+/// each; the directories live as long as the nodes.
+struct TwoNodes {
+    node_1: logdex_api::serve::RunningNode,
+    url_1: String,
+    node_2: logdex_api::serve::RunningNode,
+    url_2: String,
+    /// The topic as node 1 describes it after the create.
+    described: serde_json::Value,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+async fn two_nodes(http: &reqwest::Client) -> TestResult<TwoNodes> {
     let (dir_1, dir_2) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let http = reqwest::Client::new();
     let (node_1, url_1) = common::start_node(dir_1.path(), &["--node-id", "1"]).await?;
     let join = node_1.rpc_addr.to_string();
     let (node_2, url_2) = common::start_node(dir_2.path(), &["--node-id", "2", "--join", &join]).await?;
-    common::create_topic(&http, &url_1, "logs", 4).await?;
-    let described: serde_json::Value = http.get(format!("{url_1}/topics/logs")).send().await?.json().await?;
-    let led_by_2: Vec<u64> = described["partitions"]
+    common::create_topic(http, &url_1, "logs", 4).await?;
+    let described = http.get(format!("{url_1}/topics/logs")).send().await?.json().await?;
+    Ok(TwoNodes { node_1, url_1, node_2, url_2, described, _dirs: (dir_1, dir_2) })
+}
+
+/// The partitions whose `field` (a JSON pointer into a partition's description) is `node`.
+fn partitions_where(described: &serde_json::Value, field: &str, node: u64) -> Vec<u64> {
+    described["partitions"]
         .as_array()
-        .map(|ps| ps.iter().filter(|p| p["leader"] == 2).filter_map(|p| p["partition"].as_u64()).collect())
-        .unwrap_or_default();
-    assert!(!led_by_2.is_empty() && led_by_2.len() < 4, "node 2 leads some partitions only: {described}");
+        .map(|ps| {
+            ps.iter()
+                .filter(|p| p.pointer(field) == Some(&node.into()))
+                .filter_map(|p| p["partition"].as_u64())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Sends `count` records without a key in one request to `url`; every record must land in one
+/// of `partitions`.
+async fn keyless_lands_in(
+    http: &reqwest::Client,
+    url: &str,
+    request: usize,
+    count: usize,
+    partitions: &[u64],
+) -> TestResult {
+    let records: Vec<_> = (0..count).map(|i| serde_json::json!({"value": format!("r{request}-{i}")})).collect();
+    let answer = http.post(url).json(&serde_json::json!({"records": records})).send().await?;
+    let status = answer.status();
+    let body: serde_json::Value = answer.json().await?;
+    assert_eq!(status, 200, "request {request}: {body}");
+    let offsets = placed(&body);
+    assert_eq!(offsets.len(), count);
+    assert!(
+        offsets.iter().all(|(p, _)| partitions.contains(p)),
+        "request {request}: {offsets:?}, expected in {partitions:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_does_not_forward_places_keyless_records_in_a_partition_it_leads() -> TestResult {
+    let http = reqwest::Client::new();
+    let nodes = two_nodes(&http).await?;
+    let led_by_2 = partitions_where(&nodes.described, "/leader", 2);
+    assert!(!led_by_2.is_empty() && led_by_2.len() < 4, "node 2 leads some partitions only: {}", nodes.described);
+    let url = format!("{}/topics/logs/records?forward=false", nodes.url_2);
     for request in 0..6 {
-        let records: Vec<_> = (0..3).map(|i| serde_json::json!({"value": format!("r{request}-{i}")})).collect();
-        let answer = http
-            .post(format!("{url_2}/topics/logs/records?forward=false"))
-            .json(&serde_json::json!({"records": records}))
-            .send()
-            .await?;
-        let status = answer.status();
-        let body: serde_json::Value = answer.json().await?;
-        assert_eq!(status, 200, "request {request}: {body}");
-        let offsets = placed(&body);
-        assert_eq!(offsets.len(), 3);
-        assert!(
-            offsets.iter().all(|(p, _)| led_by_2.contains(p)),
-            "request {request}: {offsets:?}, node 2 leads {led_by_2:?}"
-        );
+        keyless_lands_in(&http, &url, request, 3, &led_by_2).await?;
     }
-    node_2.shutdown().await;
-    node_1.shutdown().await;
+    nodes.node_2.shutdown().await;
+    nodes.node_1.shutdown().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyless_records_pass_over_partitions_without_a_leader() -> TestResult {
-    let (dir_1, dir_2) = (tempfile::tempdir()?, tempfile::tempdir()?);
     let http = reqwest::Client::builder().timeout(std::time::Duration::from_secs(5)).build()?;
-    let (node_1, url_1) = common::start_node(dir_1.path(), &["--node-id", "1"]).await?;
-    let join = node_1.rpc_addr.to_string();
-    let (node_2, _url_2) = common::start_node(dir_2.path(), &["--node-id", "2", "--join", &join]).await?;
-    common::create_topic(&http, &url_1, "logs", 4).await?;
-    let described: serde_json::Value = http.get(format!("{url_1}/topics/logs")).send().await?.json().await?;
-    let on_1: Vec<u64> = described["partitions"]
-        .as_array()
-        .map(|ps| ps.iter().filter(|p| p["replicas"][0] == 1).filter_map(|p| p["partition"].as_u64()).collect())
-        .unwrap_or_default();
-    assert!(!on_1.is_empty() && on_1.len() < 4, "node 1 holds some partitions only: {described}");
+    let nodes = two_nodes(&http).await?;
+    let on_1 = partitions_where(&nodes.described, "/replicas/0", 1);
+    assert!(!on_1.is_empty() && on_1.len() < 4, "node 1 holds some partitions only: {}", nodes.described);
     // Node 2's partitions (one replica each) have no leader while it is down.
-    node_2.shutdown().await;
+    nodes.node_2.shutdown().await;
+    let url = format!("{}/topics/logs/records", nodes.url_1);
     for request in 0..8 {
-        let records: Vec<_> = (0..2).map(|i| serde_json::json!({"value": format!("r{request}-{i}")})).collect();
-        let answer = http
-            .post(format!("{url_1}/topics/logs/records"))
-            .json(&serde_json::json!({"records": records}))
-            .send()
-            .await?;
-        let status = answer.status();
-        let body: serde_json::Value = answer.json().await?;
-        assert_eq!(status, 200, "request {request}: {body}");
-        let offsets = placed(&body);
-        assert!(offsets.iter().all(|(p, _)| on_1.contains(p)), "request {request}: {offsets:?}, node 1 holds {on_1:?}");
+        keyless_lands_in(&http, &url, request, 2, &on_1).await?;
     }
-    node_1.shutdown().await;
+    nodes.node_1.shutdown().await;
     Ok(())
 }
