@@ -767,7 +767,8 @@ async fn produce_records(
                 return Err(ApiError::bad("invalid_partition", format!("record {i}: partition {p} of {n}")));
             }
             (None, Some(k)) => partition_for_key(k, n),
-            (None, None) => keyless.unwrap_or(0),
+            (None, None) => keyless
+                .ok_or_else(|| ApiError::Internal(format!("record {i} has no key, yet no partition was chosen")))?,
         };
         let mut record_headers = Vec::with_capacity(r.headers.len());
         let mut header_bytes = 0usize;
