@@ -184,7 +184,7 @@ fn check_config_limits(s: &AppState, config: &BTreeMap<String, String>) -> Resul
             ));
         }
     }
-    if config.get("remote.storage.enable").map(String::as_str) == Some("true") && !s.router.node.has_tier_store() {
+    if logdex_raft::controller::tiered(config) && !s.router.node.has_tier_store() {
         return Err(ApiError::bad(
             "invalid_config",
             "remote.storage.enable=true needs an object store: start every node with --tiered-store",

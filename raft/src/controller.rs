@@ -38,6 +38,11 @@ pub const TOPIC_NAME_BYTES_MAX: usize = 249;
 /// The topic config that turns tiered storage on (`"true"`).
 const TIERED_KEY: &str = "remote.storage.enable";
 
+/// Whether a topic config (or the keys of a create or alter) turns tiered storage on.
+pub fn tiered(config: &BTreeMap<String, String>) -> bool {
+    config.get(TIERED_KEY).map(String::as_str) == Some("true")
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct NodeRecord {
     pub node_id: NodeId,
@@ -293,7 +298,6 @@ impl ClusterState {
         // As Kafka refuses it: records whose local copies were removed live only in the
         // object store, and a topic without tiered storage would trim its log to the local
         // start at once (and drop the objects if it were turned on again).
-        let tiered = |c: &BTreeMap<String, String>| c.get(TIERED_KEY).map(String::as_str) == Some("true");
         if tiered(&topic.config) && !tiered(&config) {
             return result(
                 "invalid",
@@ -480,7 +484,7 @@ impl TopicRecord {
 
     /// Tiered storage settings, when `remote.storage.enable=true`.
     pub fn tier_policy(&self) -> Option<TierPolicy> {
-        if self.config.get(TIERED_KEY).map(String::as_str) != Some("true") {
+        if !tiered(&self.config) {
             return None;
         }
         let num = |k: &str| self.config.get(k).and_then(|v| v.parse::<i64>().ok());
@@ -599,9 +603,7 @@ pub fn validate_config(config: &BTreeMap<String, String>) -> std::result::Result
         }
     }
     // As in Kafka: compaction rewrites sealed segments, which tiered storage copies once.
-    if config.get(TIERED_KEY).map(String::as_str) == Some("true")
-        && config.get("cleanup.policy").and_then(|p| canonical_cleanup_policy(p)) != Some("delete")
-    {
+    if tiered(config) && config.get("cleanup.policy").and_then(|p| canonical_cleanup_policy(p)) != Some("delete") {
         return Err("remote.storage.enable=true needs cleanup.policy=delete (compacted topics are not tiered)".into());
     }
     Ok(())
