@@ -17,7 +17,6 @@ use std::path::Path;
 use std::time::Duration;
 use std::time::Instant;
 
-use bytes::Bytes;
 use logdex_index::Index;
 use logdex_index::IndexConfig;
 use logdex_log::Compression;
@@ -27,7 +26,6 @@ use logdex_raft::Error;
 use logdex_raft::partition::AppliedState;
 use logdex_raft::partition::Partition;
 use logdex_raft::pb;
-use logdex_raft::tier::RemoteSegment;
 use logdex_raft::tier::TierStore;
 
 type BenchResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
@@ -120,10 +118,8 @@ async fn main() -> BenchResult {
     let started = Instant::now();
     let mut remote = Vec::new();
     for s in &segments {
-        let bytes = std::fs::read(&s.path)?;
-        let r = RemoteSegment::of_copy(s, &bytes, "bench", 0, 3);
-        tiered.tier_cache().fill_and_open(&r, &bytes)?;
-        store.put(&r.object, Bytes::from(bytes)).await?;
+        let (r, copy) = tiered.tier_cache().copy_local(s, "bench", 0, 3)?;
+        store.put_file(&r.object, copy, r.size_bytes).await?;
         tiered.apply_tier(&pb::TierCommand { kind: Some(pb::tier_command::Kind::Add(r.to_pb())) }, 1)?;
         remote.push(r);
     }

@@ -36,7 +36,6 @@ use crate::snapshot::SnapshotStore;
 use crate::state_machine::Controller;
 use crate::state_machine::GroupData;
 use crate::state_machine::GroupStateMachine;
-use crate::tier::RemoteSegment;
 use crate::tier::TierStore;
 use crate::types::CONTROLLER_GROUP;
 use crate::types::GroupId;
@@ -1015,12 +1014,10 @@ impl Node {
     /// An upload whose commit fails leaves an object no manifest names (ARCHITECTURE.md),
     /// unless the partition was deleted meanwhile: then the object goes.
     async fn tier_upload(&self, g: &HostedGroup, store: &TierStore, segment: &logdex_log::SegmentInfo) -> Result<()> {
-        let bytes = tokio::fs::read(&segment.path).await?;
-        let remote = crate::tier::blocking(|| {
-            let remote = RemoteSegment::of_copy(segment, &bytes, &g.topic, g.partition_no, g.group_id);
-            g.partition.tier_cache().fill_and_open(&remote, &bytes).map(|_| remote)
+        let (remote, copy) = crate::tier::blocking(|| {
+            g.partition.tier_cache().copy_local(segment, &g.topic, g.partition_no, g.group_id)
         })?;
-        store.put(&remote.object, bytes::Bytes::from(bytes)).await?;
+        store.put_file(&remote.object, copy, remote.size_bytes).await?;
         let add = pb::tier_command::Kind::Add(remote.to_pb());
         let committed = self.tier_write(g, add).await;
         // The topic was deleted under the upload (whether the add committed or not): nothing

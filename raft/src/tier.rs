@@ -41,6 +41,14 @@ pub const MANIFEST_VERSION: u8 = 1;
 pub const CACHE_DIR: &str = "tier-cache";
 /// Remote segments kept in a replica's cache (open and on disk); older ones are dropped.
 pub const CACHED_SEGMENTS_MAX: usize = 4;
+/// Parts of a multipart upload, and the largest object stored with one put (S3 wants parts of
+/// at least 5 MiB, the last excepted).
+const UPLOAD_PART_BYTES: usize = 8 << 20;
+/// Parts of one upload sent at once. An upload holds at most this many parts in memory, plus
+/// the one being read: a segment is never read into memory whole.
+const UPLOAD_PARTS_IN_FLIGHT: usize = 2;
+/// Bytes of a file read at once to checksum it.
+const CHECKSUM_CHUNK_BYTES: usize = 1 << 20;
 
 /// A segment in the object store, as the manifest records it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,10 +67,11 @@ pub struct RemoteSegment {
 
 impl RemoteSegment {
     /// The manifest entry of a copy of the local sealed segment `segment`, whose file holds
-    /// `bytes`, stored as a new object of partition `partition` (Raft group `group`) of `topic`.
-    pub fn of_copy(
+    /// `size` bytes with CRC-32C `crc`, stored as a new object of partition `partition` (Raft
+    /// group `group`) of `topic`.
+    pub fn of_local(
         segment: &logdex_log::SegmentInfo,
-        bytes: &[u8],
+        (size, crc): (u64, u32),
         topic: &str,
         partition: u32,
         group: u64,
@@ -70,8 +79,8 @@ impl RemoteSegment {
         RemoteSegment {
             base_offset: segment.base_offset,
             next_offset: segment.next_offset,
-            size_bytes: bytes.len() as u64,
-            crc32c: crc32c::crc32c(bytes),
+            size_bytes: size,
+            crc32c: crc,
             max_timestamp_ms: segment.max_timestamp_ms,
             object: object_key(topic, partition, group, segment.base_offset, segment.next_offset),
         }
@@ -311,7 +320,9 @@ impl TierStore {
         on_io(async move { store.put(&path, bytes.into()).await.map(|_| ()).map_err(store_error) }).await
     }
 
-    /// The object `key`; [`Error::NotFound`] when the store does not hold it.
+    /// The object `key`, whole in memory (tests; a node streams objects into files:
+    /// [`TierStore::get_to_file`]); [`Error::NotFound`] when the store does not hold it.
+    #[cfg(test)]
     pub async fn get(&self, key: &str) -> Result<Bytes> {
         let (store, path) = (self.store.clone(), Self::path(key)?);
         let missing = format!("object {key} in the tiered store {}", self.location);
@@ -322,6 +333,104 @@ impl TierStore {
                 Err(e) => return Err(store_error(e)),
             };
             got.bytes().await.map_err(store_error)
+        })
+        .await
+    }
+
+    /// Stores the first `size` bytes of `file` as `key`, durably, atomically: with one put
+    /// when they fit in one part ([`UPLOAD_PART_BYTES`]), else as a multipart upload, read
+    /// from the file a part at a time. A failed multipart upload is aborted.
+    pub async fn put_file(&self, key: &str, file: std::fs::File, size: u64) -> Result<()> {
+        self.put_file_in_parts(key, file, size, UPLOAD_PART_BYTES).await
+    }
+
+    async fn put_file_in_parts(&self, key: &str, file: std::fs::File, size: u64, part: usize) -> Result<()> {
+        use tokio::io::AsyncReadExt as _;
+        let (store, path) = (self.store.clone(), Self::path(key)?);
+        let short = format!("the file to store as {key} is shorter than its {size} bytes");
+        on_io(async move {
+            let mut file = tokio::fs::File::from_std(file).take(size);
+            if size <= part as u64 {
+                let mut bytes = Vec::with_capacity(size as usize);
+                file.read_to_end(&mut bytes).await?;
+                if bytes.len() as u64 != size {
+                    return Err(Error::Corrupted(short));
+                }
+                return store.put(&path, Bytes::from(bytes).into()).await.map(|_| ()).map_err(store_error);
+            }
+            let upload = store.put_multipart(&path).await.map_err(store_error)?;
+            let mut writer = object_store::WriteMultipart::new_with_chunk_size(upload, part);
+            let mut sent = 0u64;
+            let read = loop {
+                if sent == size {
+                    break Ok(());
+                }
+                let mut chunk = Vec::with_capacity(part);
+                match (&mut file).take(part as u64).read_to_end(&mut chunk).await {
+                    Ok(0) => break Err(Error::Corrupted(short)),
+                    Ok(n) => sent += n as u64,
+                    Err(e) => break Err(e.into()),
+                }
+                if let Err(e) = writer.wait_for_capacity(UPLOAD_PARTS_IN_FLIGHT).await {
+                    break Err(store_error(e));
+                }
+                writer.put(Bytes::from(chunk));
+            };
+            match read {
+                // `finish` aborts the upload itself when a part or the completion fails.
+                Ok(()) => writer.finish().await.map(|_| ()).map_err(store_error),
+                Err(e) => {
+                    if let Err(abort) = writer.abort().await {
+                        tracing::warn!(error = %abort, "cannot abort a failed multipart upload");
+                    }
+                    Err(e)
+                }
+            }
+        })
+        .await
+    }
+
+    /// Writes the object `key` into the new file `dest` as the store streams it, and returns
+    /// its size and CRC-32C; [`Error::NotFound`] when the store does not hold it.
+    pub async fn get_to_file(&self, key: &str, dest: &Path) -> Result<(u64, u32)> {
+        use futures::StreamExt as _;
+        use tokio::io::AsyncWriteExt as _;
+        let (store, path, dest) = (self.store.clone(), Self::path(key)?, dest.to_path_buf());
+        let missing = format!("object {key} in the tiered store {}", self.location);
+        on_io(async move {
+            let got = match store.get(&path).await {
+                Ok(got) => got,
+                Err(object_store::Error::NotFound { .. }) => return Err(Error::NotFound(missing)),
+                Err(e) => return Err(store_error(e)),
+            };
+            let range = got.range.clone();
+            let mut chunks = match got.payload {
+                // A directory store hands over the object's file: copied off the runtime, in
+                // large reads (its stream reads 8 KiB at a time, each a blocking task).
+                object_store::GetResultPayload::File(mut file, _) => {
+                    let copy = move || -> Result<(u64, u32)> {
+                        use std::io::Seek as _;
+                        file.seek(std::io::SeekFrom::Start(range.start))?;
+                        let mut out = std::fs::File::create(&dest)?;
+                        copy_summing(std::io::Read::take(file, range.end - range.start), &mut out)
+                    };
+                    return tokio::task::spawn_blocking(copy)
+                        .await
+                        .map_err(|e| Error::Unavailable(format!("object copy did not finish: {e}")))?;
+                }
+                object_store::GetResultPayload::Stream(chunks) => chunks,
+            };
+            let file = tokio::fs::File::create(&dest).await?;
+            let mut file = tokio::io::BufWriter::with_capacity(CHECKSUM_CHUNK_BYTES, file);
+            let (mut size, mut crc) = (0u64, 0u32);
+            while let Some(chunk) = chunks.next().await {
+                let chunk = chunk.map_err(store_error)?;
+                crc = crc32c::crc32c_append(crc, &chunk);
+                size += chunk.len() as u64;
+                file.write_all(&chunk).await?;
+            }
+            file.flush().await?;
+            Ok((size, crc))
         })
         .await
     }
@@ -554,17 +663,16 @@ impl TierCache {
         }
         let dir = self.segment_dir(range_of(segment));
         let file = dir.join(logdex_log::segment_file_name(segment.base_offset));
-        let bytes = match std::fs::read(&file) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e.into()),
+        let sum = match file_sum(&file) {
+            Ok(sum) => sum,
+            Err(Error::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
         };
-        if check_object(segment, &bytes).is_err() {
+        if check_sum(segment, sum).is_err() {
             tracing::warn!(file = %file.display(), "dropping a cached remote segment that fails its checks");
             remove_dir(&dir)?;
             return Ok(None);
         }
-        drop(bytes);
         self.open_checked(segment).map(Some)
     }
 
@@ -594,12 +702,65 @@ impl TierCache {
         Ok(log)
     }
 
-    /// Stores `bytes` as the cached copy of `segment` and opens it, checked as [`TierCache::load`]
-    /// checks a copy. The leader checks a local segment this way before it copies it.
-    pub fn fill_and_open(&self, segment: &RemoteSegment, bytes: &[u8]) -> Result<Arc<Log>> {
+    /// A new temporary directory for a copy of `segment`, and the path its segment file
+    /// takes there. Each call gets its own (a read's fetch and an install's rebuild may fetch
+    /// the same segment at once); [`TierCache::new`] removes those a crash left.
+    fn tmp_copy(&self, segment: &RemoteSegment) -> Result<(PathBuf, PathBuf)> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (base, next) = range_of(segment);
+        let tmp = self.dir.join(format!("{base:020}-{next:020}.{n}.tmp"));
+        remove_dir(&tmp)?;
+        std::fs::create_dir_all(&tmp)?;
+        let file = tmp.join(logdex_log::segment_file_name(segment.base_offset));
+        Ok((tmp, file))
+    }
+
+    /// Makes the copy in `tmp`, whose file has size and CRC-32C `sum`, the cached copy of
+    /// `segment`, and opens it: checked against the manifest entry as [`TierCache::load`]
+    /// checks a copy. A copy that fails is removed.
+    fn install(&self, segment: &RemoteSegment, tmp: &Path, sum: (u64, u32)) -> Result<Arc<Log>> {
         let _files = self.files.lock().unwrap_or_else(|p| p.into_inner());
-        self.fill(segment, bytes)?;
+        if let Err(e) = check_sum(segment, sum) {
+            remove_dir(tmp)?;
+            return Err(e);
+        }
+        let range = range_of(segment);
+        let dir = self.segment_dir(range);
+        self.lock().retain(|(r, _)| *r != range);
+        remove_dir(&dir)?;
+        std::fs::rename(tmp, &dir)?;
         self.open_checked(segment)
+    }
+
+    /// Copies the local sealed segment `local` into the cache and opens the copy, checked as
+    /// a fetched copy is: the leader checks a segment this way before it copies it to the
+    /// store, so a damaged local file is never copied. Returns the copy's manifest entry, as
+    /// a new object of partition `partition` (Raft group `group`) of `topic`, and its file
+    /// open for reading, which stays readable if the cache drops the copy meanwhile.
+    pub fn copy_local(
+        &self,
+        local: &logdex_log::SegmentInfo,
+        topic: &str,
+        partition: u32,
+        group: u64,
+    ) -> Result<(RemoteSegment, std::fs::File)> {
+        let mut remote = RemoteSegment::of_local(local, (0, 0), topic, partition, group);
+        let (tmp, file) = self.tmp_copy(&remote)?;
+        let copied = std::fs::copy(&local.path, &file)
+            .map_err(Error::from)
+            .and_then(|_| file_sum(&file))
+            .and_then(|sum| Ok((sum, std::fs::File::open(&file)?)));
+        let (sum, reader) = match copied {
+            Ok(copied) => copied,
+            Err(e) => {
+                remove_dir(&tmp)?;
+                return Err(e);
+            }
+        };
+        (remote.size_bytes, remote.crc32c) = sum;
+        self.install(&remote, &tmp, sum)?;
+        Ok((remote, reader))
     }
 
     fn remember(&self, range: Range, log: Arc<Log>) -> Result<()> {
@@ -617,22 +778,6 @@ impl TierCache {
         Ok(())
     }
 
-    /// Stores a fetched object as the cached copy of `segment` after checking its size and
-    /// CRC-32C against the manifest entry.
-    fn fill(&self, segment: &RemoteSegment, bytes: &[u8]) -> Result<()> {
-        check_object(segment, bytes)?;
-        let range = range_of(segment);
-        let dir = self.segment_dir(range);
-        let tmp = self.dir.join(format!("{:020}-{:020}.tmp", range.0, range.1));
-        remove_dir(&tmp)?;
-        std::fs::create_dir_all(&tmp)?;
-        std::fs::write(tmp.join(logdex_log::segment_file_name(segment.base_offset)), bytes)?;
-        self.lock().retain(|(r, _)| *r != range);
-        remove_dir(&dir)?;
-        std::fs::rename(&tmp, &dir)?;
-        Ok(())
-    }
-
     /// Makes `segment` open in the cache: from the copy on disk, else fetched from the store.
     /// One fetch at a time per replica; the file work runs off the async workers.
     pub async fn fetch(&self, segment: &RemoteSegment) -> Result<()> {
@@ -641,8 +786,14 @@ impl TierCache {
         if blocking(|| self.load(segment))?.is_some() {
             return Ok(());
         }
-        let bytes = store.get(&segment.object).await?;
-        blocking(|| self.fill_and_open(segment, &bytes)).map(|_| ())
+        let (tmp, file) = self.tmp_copy(segment)?;
+        match store.get_to_file(&segment.object, &file).await {
+            Ok(sum) => blocking(|| self.install(segment, &tmp, sum)).map(|_| ()),
+            Err(e) => {
+                remove_dir(&tmp)?;
+                Err(e)
+            }
+        }
     }
 
     /// The cached copy of `segment`, fetched first when missing, from synchronous code (the
@@ -653,8 +804,14 @@ impl TierCache {
             return Ok(log);
         }
         let store = self.store.as_ref().ok_or_else(no_store)?;
-        let bytes = futures::executor::block_on(store.get(&segment.object))?;
-        self.fill_and_open(segment, &bytes)
+        let (tmp, file) = self.tmp_copy(segment)?;
+        match futures::executor::block_on(store.get_to_file(&segment.object, &file)) {
+            Ok(sum) => self.install(segment, &tmp, sum),
+            Err(e) => {
+                remove_dir(&tmp)?;
+                Err(e)
+            }
+        }
     }
 
     /// Drops the cached copies of segments ending at or before `to` (trimmed by retention),
@@ -693,15 +850,35 @@ fn no_store() -> Error {
     Error::Unavailable("the data is in tiered storage and this node has no --tiered-store".into())
 }
 
-fn check_object(segment: &RemoteSegment, bytes: &[u8]) -> Result<()> {
-    let crc = crc32c::crc32c(bytes);
-    if bytes.len() as u64 != segment.size_bytes || crc != segment.crc32c {
+/// The size and CRC-32C of the file at `path`, read a chunk at a time.
+fn file_sum(path: &Path) -> Result<(u64, u32)> {
+    copy_summing(std::fs::File::open(path)?, &mut std::io::sink())
+}
+
+/// Copies everything `from` reads into `to`, a chunk at a time, and returns its size and CRC-32C.
+fn copy_summing(mut from: impl std::io::Read, to: &mut impl std::io::Write) -> Result<(u64, u32)> {
+    let mut chunk = vec![0u8; CHECKSUM_CHUNK_BYTES];
+    let (mut size, mut crc) = (0u64, 0u32);
+    loop {
+        let n = match from.read(&mut chunk) {
+            Ok(0) => return Ok((size, crc)),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
+        };
+        crc = crc32c::crc32c_append(crc, &chunk[..n]);
+        size += n as u64;
+        to.write_all(&chunk[..n])?;
+    }
+}
+
+/// Whether a copy of `segment` with size and CRC-32C `(size, crc)` is the object its manifest
+/// entry names.
+fn check_sum(segment: &RemoteSegment, (size, crc): (u64, u32)) -> Result<()> {
+    if size != segment.size_bytes || crc != segment.crc32c {
         return Err(Error::Corrupted(format!(
-            "remote segment {}: {} bytes with CRC-32C {crc:08x}, the manifest says {} bytes with {:08x}",
-            segment.object,
-            bytes.len(),
-            segment.size_bytes,
-            segment.crc32c
+            "remote segment {}: {size} bytes with CRC-32C {crc:08x}, the manifest says {} bytes with {:08x}",
+            segment.object, segment.size_bytes, segment.crc32c
         )));
     }
     Ok(())
@@ -836,6 +1013,79 @@ mod tests {
         Ok(())
     }
 
+    /// Makes `bytes` the cached copy of `seg`, as a fetch does with what it downloaded.
+    fn fill_and_open(cache: &TierCache, seg: &RemoteSegment, bytes: &[u8]) -> Result<Arc<Log>> {
+        let (tmp, file) = cache.tmp_copy(seg)?;
+        std::fs::write(&file, bytes)?;
+        cache.install(seg, &tmp, (bytes.len() as u64, crc32c::crc32c(bytes)))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_local_segment_is_copied_to_the_store_in_parts_and_fetched_back_whole() -> TestResult {
+        let root = tempfile::tempdir()?;
+        let source = root.path().join("source");
+        let (_, bytes) = segment_bytes(&source)?;
+        let local = logdex_log::SegmentInfo {
+            base_offset: 0,
+            next_offset: 3,
+            size_bytes: bytes.len() as u64,
+            sealed: true,
+            max_timestamp_ms: 5,
+            path: source.join(logdex_log::segment_file_name(0)),
+        };
+        let store = TierStore::open(&format!("file://{}", root.path().join("store").display()))?;
+        let leader = TierCache::new(root.path().join("leader-cache"), Some(store.clone()));
+        let (remote, copy) = leader.copy_local(&local, "t", 0, 7)?;
+        assert_eq!((remote.size_bytes, remote.crc32c), (bytes.len() as u64, crc32c::crc32c(&bytes)));
+        assert!(leader.get(&remote).is_some(), "the leader keeps its checked copy open");
+        // Parts far smaller than the segment: a multipart upload of many parts.
+        let part = bytes.len() / 5;
+        store.put_file_in_parts(&remote.object, copy, remote.size_bytes, part).await?;
+        assert_eq!(store.get(&remote.object).await?.as_ref(), &bytes[..], "stored as the segment's bytes");
+
+        let follower = TierCache::new(root.path().join("follower-cache"), Some(store.clone()));
+        follower.fetch(&remote).await?;
+        let (offset, record) = follower.get(&remote).ok_or("fetched")?.read_record(2)?.ok_or("record 2")?;
+        assert_eq!((offset, record.key), (2, Some(vec![b'k', 2])));
+        let leftovers: Vec<_> = std::fs::read_dir(root.path().join("follower-cache"))?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<std::io::Result<_>>()?;
+        assert_eq!(leftovers.len(), 1, "only the copy itself, no temporary file: {leftovers:?}");
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_file_shorter_than_the_size_to_store_is_not_stored() -> TestResult {
+        let root = tempfile::tempdir()?;
+        let (seg, bytes) = segment_bytes(&root.path().join("source"))?;
+        let path = root.path().join("source").join(logdex_log::segment_file_name(0));
+        let store = TierStore::open(&format!("file://{}", root.path().join("store").display()))?;
+        let size = bytes.len() as u64 + 1;
+        for part in [bytes.len() + 10, bytes.len() / 3] {
+            let stored = store.put_file_in_parts(&seg.object, std::fs::File::open(&path)?, size, part).await;
+            assert!(matches!(stored, Err(Error::Corrupted(_))), "part of {part} bytes: {stored:?}");
+            assert!(!store.exists(&seg.object).await?, "part of {part} bytes: nothing stored");
+        }
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_fetched_object_that_does_not_match_its_manifest_entry_is_not_cached() -> TestResult {
+        let root = tempfile::tempdir()?;
+        let (seg, mut bytes) = segment_bytes(&root.path().join("source"))?;
+        let store = TierStore::open(&format!("file://{}", root.path().join("store").display()))?;
+        bytes[20] ^= 1;
+        store.put(&seg.object, Bytes::from(bytes)).await?;
+        let cache = TierCache::new(root.path().join("cache"), Some(store.clone()));
+        assert!(matches!(cache.fetch(&seg).await, Err(Error::Corrupted(_))));
+        assert!(cache.get(&seg).is_none());
+        assert_eq!(std::fs::read_dir(root.path().join("cache"))?.count(), 0, "nothing left behind");
+        let missing = RemoteSegment { object: "t/0/missing".into(), ..seg };
+        assert!(matches!(cache.fetch(&missing).await, Err(Error::NotFound(_))));
+        assert_eq!(std::fs::read_dir(root.path().join("cache"))?.count(), 0, "nothing left behind");
+        Ok(())
+    }
+
     #[test]
     fn an_object_that_does_not_match_its_manifest_entry_is_refused() -> TestResult {
         let root = tempfile::tempdir()?;
@@ -843,7 +1093,8 @@ mod tests {
         let cache = TierCache::new(root.path().join("cache"), None);
         let last = bytes.len() - 1;
         bytes[last] ^= 1;
-        assert!(matches!(cache.fill_and_open(&seg, &bytes), Err(Error::Corrupted(_))));
+        assert!(matches!(fill_and_open(&cache, &seg, &bytes), Err(Error::Corrupted(_))));
+        assert_eq!(std::fs::read_dir(root.path().join("cache"))?.count(), 0, "the refused copy is gone");
         assert!(cache.load(&seg)?.is_none());
         assert!(matches!(cache.get_or_fetch_blocking(&seg), Err(Error::Unavailable(_))), "no store to fetch from");
         Ok(())
@@ -854,7 +1105,7 @@ mod tests {
         let root = tempfile::tempdir()?;
         let (seg, bytes) = segment_bytes(&root.path().join("source"))?;
         let cache = TierCache::new(root.path().join("cache"), None);
-        cache.fill_and_open(&seg, &bytes)?;
+        fill_and_open(&cache, &seg, &bytes)?;
         let longer = RemoteSegment { next_offset: seg.next_offset + 5, object: "t/0/longer".into(), ..seg.clone() };
         assert!(cache.get(&longer).is_none(), "another leader's copy of a longer range is not this one");
         assert!(cache.load(&longer)?.is_none());
@@ -880,7 +1131,7 @@ mod tests {
         let root = tempfile::tempdir()?;
         let (seg, bytes) = segment_bytes(&root.path().join("source"))?;
         let cache = TierCache::new(root.path().join("cache"), None);
-        cache.fill_and_open(&seg, &bytes)?;
+        fill_and_open(&cache, &seg, &bytes)?;
         assert!(cache.get(&seg).is_some());
         for base in 1..=CACHED_SEGMENTS_MAX as u64 {
             let log = Arc::new(Log::open(&root.path().join(format!("other{base}")), LogConfig::default())?);

@@ -5,7 +5,6 @@
 
 use std::path::Path;
 
-use bytes::Bytes;
 use logdex_index::Index;
 use logdex_index::IndexConfig;
 use logdex_log::Compression;
@@ -59,9 +58,8 @@ async fn upload(
 ) -> Result<usize, Box<dyn std::error::Error>> {
     let candidates = p.tier_candidates();
     for s in &candidates {
-        let bytes = std::fs::read(&s.path)?;
-        let remote = RemoteSegment::of_copy(s, &bytes, "t", 0, 3);
-        store.put(&remote.object, Bytes::from(bytes)).await?;
+        let (remote, copy) = p.tier_cache().copy_local(s, "t", 0, 3)?;
+        store.put_file(&remote.object, copy, remote.size_bytes).await?;
         let add = pb::TierCommand { kind: Some(pb::tier_command::Kind::Add(remote.to_pb())) };
         for q in apply_to {
             q.apply_tier(&add, 1)?;
@@ -168,18 +166,16 @@ async fn a_replica_reads_remote_segments_and_its_snapshot_rebuilds_a_complete_in
 
     // Objects gone without the trim marker: a replica installing a's older snapshot (which
     // still names them) refuses it before replacing anything.
-    let stash: Vec<(String, Bytes)> = {
-        let mut v = Vec::new();
-        for s in &trimmed {
-            v.push((s.object.clone(), store.get(&s.object).await?));
-            store.delete(&s.object).await?;
-        }
-        v
-    };
+    let stash = root.path().join("stash");
+    std::fs::create_dir_all(&stash)?;
+    for (i, s) in trimmed.iter().enumerate() {
+        store.get_to_file(&s.object, &stash.join(i.to_string())).await?;
+        store.delete(&s.object).await?;
+    }
     let refusing = open(&root.path().join("refusing"), 1024, &store)?;
     assert!(matches!(refusing.install_snapshot(&staged), Err(Error::Unavailable(_))));
-    for (key, bytes) in stash {
-        store.put(&key, bytes).await?;
+    for (i, s) in trimmed.iter().enumerate() {
+        store.put_file(&s.object, std::fs::File::open(stash.join(i.to_string()))?, s.size_bytes).await?;
     }
 
     // With the marker raised before they are deleted (as the leader does), the same install
