@@ -320,23 +320,6 @@ impl TierStore {
         on_io(async move { store.put(&path, bytes.into()).await.map(|_| ()).map_err(store_error) }).await
     }
 
-    /// The object `key`, whole in memory (tests; a node streams objects into files:
-    /// [`TierStore::get_to_file`]); [`Error::NotFound`] when the store does not hold it.
-    #[cfg(test)]
-    pub async fn get(&self, key: &str) -> Result<Bytes> {
-        let (store, path) = (self.store.clone(), Self::path(key)?);
-        let missing = format!("object {key} in the tiered store {}", self.location);
-        on_io(async move {
-            let got = match store.get(&path).await {
-                Ok(got) => got,
-                Err(object_store::Error::NotFound { .. }) => return Err(Error::NotFound(missing)),
-                Err(e) => return Err(store_error(e)),
-            };
-            got.bytes().await.map_err(store_error)
-        })
-        .await
-    }
-
     /// Stores the first `size` bytes of `file` as `key`, durably, atomically: with one put
     /// when they fit in one part ([`UPLOAD_PART_BYTES`]), else as a multipart upload, read
     /// from the file a part at a time. A failed multipart upload is aborted.
@@ -999,7 +982,7 @@ mod tests {
         assert_eq!((offset, record.key), (1, Some(vec![b'k', 1])));
         store.delete(&seg.object).await?;
         store.delete(&seg.object).await?;
-        assert!(matches!(store.get(&seg.object).await, Err(Error::NotFound(_))));
+        assert!(matches!(stored(&store, &seg.object, root.path()).await, Err(Error::NotFound(_))));
         for key in ["t/0-7/a.log", "t/0-7/b.log", "t/0-8/a.log"] {
             store.put(key, Bytes::from_static(b"x")).await?;
         }
@@ -1011,6 +994,13 @@ mod tests {
         assert_eq!(store.trimmed_to("t/0-7").await?, 0);
         assert!(!store.exists("t/0-7/a.log").await? && store.exists("t/0-8/a.log").await?);
         Ok(())
+    }
+
+    /// The bytes of the object `key`, through a file in `dir`.
+    async fn stored(store: &TierStore, key: &str, dir: &Path) -> Result<Vec<u8>> {
+        let file = dir.join("stored");
+        store.get_to_file(key, &file).await?;
+        Ok(std::fs::read(file)?)
     }
 
     /// Makes `bytes` the cached copy of `seg`, as a fetch does with what it downloaded.
@@ -1041,7 +1031,7 @@ mod tests {
         // Parts far smaller than the segment: a multipart upload of many parts.
         let part = bytes.len() / 5;
         store.put_file_in_parts(&remote.object, copy, remote.size_bytes, part).await?;
-        assert_eq!(store.get(&remote.object).await?.as_ref(), &bytes[..], "stored as the segment's bytes");
+        assert_eq!(stored(&store, &remote.object, root.path()).await?, bytes, "stored as the segment's bytes");
 
         let follower = TierCache::new(root.path().join("follower-cache"), Some(store.clone()));
         follower.fetch(&remote).await?;
