@@ -769,11 +769,11 @@ impl TierCache {
         if blocking(|| self.load(segment))?.is_some() {
             return Ok(());
         }
-        let (tmp, file) = self.tmp_copy(segment)?;
+        let (tmp, file) = blocking(|| self.tmp_copy(segment))?;
         match store.get_to_file(&segment.object, &file).await {
             Ok(sum) => blocking(|| self.install(segment, &tmp, sum)).map(|_| ()),
             Err(e) => {
-                remove_dir(&tmp)?;
+                blocking(|| remove_dir(&tmp))?;
                 Err(e)
             }
         }
