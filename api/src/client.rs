@@ -429,7 +429,7 @@ async fn produce(topic: &str, batch: usize, target: &Target) -> Result<(), Strin
 /// line of JSON.
 fn print_offsets(answer: &Answer, json_out: bool) -> Result<(), String> {
     if json_out {
-        println!("{}", serde_json::to_string(&answer.json()?).unwrap_or_default());
+        println!("{}", answer.json()?);
     }
     Ok(())
 }

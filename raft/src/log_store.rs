@@ -251,7 +251,7 @@ enum Linger {
 /// fsync served. A lone writer never waits, and neither does a lone group: a group's entries
 /// in flight wait for this very fsync, so a group alone adds little to it while it waits,
 /// and its writes only wait longer (a one-partition `load` lost 5% with the long wait by
-/// load alone, and 5 to 10% with the short one: BENCHMARKS.md, round 23). A wait needs the
+/// load alone, and 10 to 21% with the short one: BENCHMARKS.md, round 23). A wait needs the
 /// appends of several groups, and the loaded wait many writes.
 fn linger(writes_waiting: usize, last: Served) -> Linger {
     if writes_waiting >= LOADED_WRITES && last.groups >= LOADED_GROUPS {
