@@ -276,6 +276,23 @@ mod tests {
         Ok(())
     }
 
+    /// Preferred-leader balancing runs every minute unless told otherwise; 0 turns it off.
+    #[test]
+    fn leader_balance_interval_defaults_to_a_minute_and_zero_turns_it_off() -> Result<(), Box<dyn std::error::Error>> {
+        let parse = |flags: &[&str]| Cli::try_parse_from([&["logdex", "serve"], flags].concat());
+        let interval = |flags: &[&str]| -> Result<u64, Box<dyn std::error::Error>> {
+            match parse(flags)?.command {
+                Some(Command::Serve(serve)) => Ok(serve.leader_balance_interval_secs),
+                _ => Err("not serve".into()),
+            }
+        };
+        assert_eq!(interval(&[])?, 60);
+        assert_eq!(interval(&["--leader-balance-interval-secs", "0"])?, 0);
+        assert!(parse(&["--leader-balance-interval-secs", "86401"]).is_err());
+        assert!(parse(&["--leader-balance-interval-secs", "-1"]).is_err());
+        Ok(())
+    }
+
     #[test]
     fn serve_flags_out_of_range_are_refused_at_parse() {
         let parse = |flags: &[&str]| Cli::try_parse_from([&["logdex", "serve"], flags].concat());

@@ -120,6 +120,13 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u64)
               .range(0..=logdex_raft::log_store::GROUP_COMMIT_WAIT_LOADED_MAX.as_micros() as u64))]
     pub group_commit_wait_us: u64,
+    /// How often each node hands the leadership of the partitions it leads back to their
+    /// preferred replica (the first of the assignment) when that replica is up and caught up,
+    /// in seconds, 0 to 86400; 0 turns it off. Leaderships move off a node that restarts or is
+    /// cut off, and come back this way (as Kafka's auto.leader.rebalance.enable).
+    #[arg(long, env = "LOGDEX_LEADER_BALANCE_INTERVAL_SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub leader_balance_interval_secs: u64,
     /// Snapshot a group after this many applied entries; its Raft log is purged behind the snapshot.
     #[arg(long, env = "LOGDEX_SNAPSHOT_EVERY", default_value_t = logdex_raft::node::SNAPSHOT_EVERY_ENTRIES)]
     pub snapshot_every: u64,
@@ -259,6 +266,7 @@ impl ServeArgs {
             tiered_store: self.tiered_store.clone(),
             record_cache_bytes: self.record_cache_mb.saturating_mul(1024 * 1024),
             group_commit_wait: std::time::Duration::from_micros(self.group_commit_wait_us),
+            leader_balance_interval: std::time::Duration::from_secs(self.leader_balance_interval_secs),
             controller_voters: usize::from(self.controller_voters),
             // Outgoing node-to-node connections leave from the RPC listen IP
             // when a node listens on its own loopback address (127.0.0.2, ...),

@@ -11,6 +11,7 @@
 //! - [`network`] and [`service`]: the tonic transport, one pooled channel per peer.
 //! - [`node`]: the multi-raft registry, reconciler and the operations the API calls.
 
+pub mod balance;
 pub mod batcher;
 pub mod calls;
 pub mod coalesce;

@@ -140,6 +140,9 @@ pub struct NodeConfig {
     /// How long the Raft log's fsync thread waits for more appends before an fsync while
     /// the node is loaded (`crate::log_store`).
     pub group_commit_wait: Duration,
+    /// How often this node's replicas that are their partition's preferred leader ask for
+    /// the leadership when another node holds it (`crate::balance`); zero: never.
+    pub leader_balance_interval: Duration,
 }
 
 impl NodeConfig {
@@ -265,6 +268,9 @@ struct NodeInner {
     damage_reports: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<GroupId>>>,
     /// Snapshots received here and refused as damaged.
     damaged_snapshots_refused: std::sync::atomic::AtomicU64,
+    /// Groups whose leadership this node handed away as damaged (`damage_loop`): its
+    /// replicas of them never ask for the leadership back (`crate::balance`).
+    damaged_handoffs: std::sync::Mutex<std::collections::HashSet<GroupId>>,
     /// Tiered storage's object store, when configured.
     tier_store: Option<TierStore>,
     /// Records read by lookups or just applied, for every replica of the node.
@@ -354,6 +360,7 @@ impl Node {
                 damage,
                 damage_reports: std::sync::Mutex::new(Some(damage_reports)),
                 damaged_snapshots_refused: Default::default(),
+                damaged_handoffs: Default::default(),
                 tier_store,
                 records,
                 tier_collected: Default::default(),
@@ -415,6 +422,8 @@ impl Node {
         tokio::spawn(async move { node.checkpoint_loop().await });
         let node = self.clone();
         tokio::spawn(async move { node.cleaner_loop().await });
+        let node = self.clone();
+        tokio::spawn(async move { node.leader_balance_loop().await });
         if let Some(reports) = self.inner.damage_reports.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let node = self.clone();
             tokio::spawn(async move { node.damage_loop(reports).await });
@@ -478,6 +487,7 @@ impl Node {
             "this replica's data is damaged (a follower refused its snapshot, or the scrub found it): handing leadership to replica {to}"
         );
         hosted.raft.trigger().transfer_leader(to).await.map_err(Error::unavailable)?;
+        self.inner.damaged_handoffs.lock().unwrap_or_else(|p| p.into_inner()).insert(hosted.group_id);
         Ok(true)
     }
 
@@ -872,6 +882,108 @@ impl Node {
                 tracing::warn!(group = g.group_id, error = %e, "cannot apply the topic config to the log");
             }
         }
+    }
+
+    /// Preferred-leader balancing (`crate::balance`): every interval, each replica here that
+    /// is its partition's preferred leader, healthy, and follows another node asks that node
+    /// for the leadership.
+    async fn leader_balance_loop(&self) {
+        use crate::balance;
+        let interval = self.inner.config.leader_balance_interval;
+        if interval.is_zero() {
+            return;
+        }
+        let retry_after = interval.saturating_mul(balance::RETRY_AFTER_INTERVALS);
+        let mut stop = self.inner.stop.subscribe();
+        let mut handed: HashMap<GroupId, tokio::time::Instant> = HashMap::new();
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = stop.changed() => return,
+            }
+            handed.retain(|_, at| at.elapsed() < retry_after);
+            let state = self.cluster();
+            let mut asked = 0;
+            for g in self.groups() {
+                if asked == balance::ASKS_PER_PASS_MAX {
+                    break;
+                }
+                if handed.contains_key(&g.group_id) {
+                    continue;
+                }
+                let Some(leader) = self.leader_to_ask(&state, &g) else { continue };
+                asked += 1;
+                match self.ask_leadership(leader, &g).await {
+                    Ok(true) => {
+                        tracing::info!(group = g.group_id, topic = %g.topic, partition = g.partition_no, from = leader, "the preferred replica is handed the leadership back");
+                        handed.insert(g.group_id, tokio::time::Instant::now());
+                    }
+                    Ok(false) => {}
+                    Err(e) => tracing::debug!(group = g.group_id, leader, error = %e, "cannot ask for the leadership"),
+                }
+            }
+        }
+    }
+
+    /// The node to ask for the leadership of `g`'s group, when `g` should lead it
+    /// ([`crate::balance::asks_for_leadership`]).
+    fn leader_to_ask(&self, state: &ClusterState, g: &HostedGroup) -> Option<NodeId> {
+        let record = state.topics.get(&g.topic)?.partitions.get(g.partition_no as usize)?;
+        if record.group_id != g.group_id {
+            return None;
+        }
+        let leader = self.leader_node(g);
+        let view = crate::balance::ReplicaView {
+            preferred: record.replicas.first().map(|r| r.replica_id) == Some(g.replica_id),
+            moving: record.target.is_some(),
+            leads: g.raft.is_leader(),
+            damaged: g.partition.is_damaged() || self.handed_off_as_damaged(g.group_id),
+            leader_elsewhere: leader.is_some_and(|l| l != self.node_id()),
+        };
+        crate::balance::asks_for_leadership(view).then_some(leader).flatten()
+    }
+
+    /// Asks node `leader` to hand `g`'s replica the leadership of its group; whether it does.
+    /// A node from before leader balancing answers UNIMPLEMENTED: no.
+    async fn ask_leadership(&self, leader: NodeId, g: &HostedGroup) -> Result<bool> {
+        let addr = self
+            .cluster()
+            .nodes
+            .get(&leader)
+            .map(|n| n.rpc_addr.clone())
+            .ok_or_else(|| Error::unavailable(format!("node {leader} has no known address")))?;
+        let request = pb::LeadershipRequest {
+            header: Some(pb::GroupHeader { group_id: g.group_id, target_replica: 0 }),
+            replica_id: g.replica_id,
+        };
+        use pb::call_response::Result as Answer;
+        match self.inner.calls.call(&addr, pb::call_request::Call::Leadership(request), RPC_TIMEOUT).await {
+            Ok(Answer::Leadership(answer)) => Ok(answer.transferring),
+            Ok(_) => Err(Error::unavailable("leadership call answered with another call's result")),
+            Err(e) if e.unsupported() => Ok(false),
+            Err(e) => Err(Error::unavailable(e.status().message())),
+        }
+    }
+
+    /// Hands the leadership of `group` to `replica`, its partition's preferred replica, when
+    /// this node's replica leads the group and `replica` can take it at once
+    /// ([`crate::balance::hand_to_preferred`]); whether it asked openraft for the transfer.
+    pub async fn hand_leadership(&self, group: GroupId, replica: ReplicaId) -> Result<bool> {
+        let hosted = self.group(group).ok_or(Error::NotHosted { group })?;
+        let Some(view) = leader_view(&self.cluster(), &hosted) else { return Ok(false) };
+        let ack_fresh = crate::balance::ack_fresh(Duration::from_millis(self.inner.config.heartbeat_ms));
+        if view.preferred != replica || !crate::balance::hand_to_preferred(&view, ack_fresh) {
+            return Ok(false);
+        }
+        tracing::info!(group, to = replica, "handing the leadership to the preferred replica");
+        hosted.raft.trigger().transfer_leader(replica).await.map_err(Error::unavailable)?;
+        Ok(true)
+    }
+
+    /// Whether this node handed the leadership of `group` away because its replica's data is
+    /// damaged (since the process started).
+    fn handed_off_as_damaged(&self, group: GroupId) -> bool {
+        self.inner.damaged_handoffs.lock().unwrap_or_else(|p| p.into_inner()).contains(&group)
     }
 
     /// Compaction and retention of every hosted replica, by its topic's cleanup policy.
@@ -2042,6 +2154,33 @@ async fn with_tier<T>(partition: &Partition, mut read: impl FnMut() -> Result<T>
         }
     }
     read()
+}
+
+/// What the leader replica `g` knows for preferred-leader balancing; `None` when it does not
+/// lead, or its partition is not (or no longer) assigned as hosted.
+fn leader_view(state: &ClusterState, g: &HostedGroup) -> Option<crate::balance::LeaderView> {
+    let record = state.topics.get(&g.topic)?.partitions.get(g.partition_no as usize)?;
+    if record.group_id != g.group_id {
+        return None;
+    }
+    let preferred = record.replicas.first()?.replica_id;
+    let metrics = crate::types::metrics_of(&g.raft);
+    if metrics.current_leader != Some(g.replica_id) {
+        return None;
+    }
+    let membership = metrics.membership_config.membership();
+    let matched = metrics.replication.as_ref().and_then(|r| r.get(&preferred).cloned().flatten());
+    let acked = metrics.heartbeat.as_ref().and_then(|h| h.get(&preferred).cloned().flatten());
+    Some(crate::balance::LeaderView {
+        me: g.replica_id,
+        preferred,
+        moving: record.target.is_some(),
+        voters: membership.voter_ids().collect(),
+        joint: membership.get_joint_config().len() > 1,
+        last_log_index: metrics.last_log_index.unwrap_or(0),
+        preferred_matched: matched.map(|l| l.index),
+        preferred_acked_ago: acked.map(|at| openraft::Instant::elapsed(&*at)),
+    })
 }
 
 /// Proposes `records` as one entry on `raft` and returns the offset of the first.

@@ -198,6 +198,18 @@ impl Service {
         Ok(pb::ProduceResponse { result: Some(result) })
     }
 
+    /// A preferred replica asks for the leadership of its group (`crate::balance`).
+    async fn leadership_call(&self, req: pb::LeadershipRequest) -> Result<pb::LeadershipResponse, Status> {
+        let header = req.header.ok_or_else(|| Status::invalid_argument("missing group header"))?;
+        match self.node.hand_leadership(header.group_id, req.replica_id).await {
+            Ok(transferring) => Ok(pb::LeadershipResponse { transferring }),
+            Err(crate::Error::NotHosted { group }) => {
+                Err(Status::not_found(format!("group {group} is not hosted here")))
+            }
+            Err(e) => Err(Status::unavailable(e.to_string())),
+        }
+    }
+
     /// Answers one call of a `Calls` stream; a failure carries the status the unary RPC
     /// of the same call would have returned.
     async fn answer_call(&self, request: pb::CallRequest) -> pb::CallResponse {
@@ -225,6 +237,7 @@ impl Service {
                     )));
                     self.heartbeat_call(r).await.map(A::Heartbeat)
                 }
+                Some(Call::Leadership(r)) => self.leadership_call(r).await.map(A::Leadership),
                 None => Err(Status::unimplemented("unknown or empty call")),
             }
         };
