@@ -1347,12 +1347,17 @@ async fn metrics(State(s): State<AppState>) -> Response {
             "Snapshots received from a leader and refused as damaged (that leader then hands off leadership).",
             s.router.node.damaged_snapshots_refused(),
         ),
+        (
+            "logdex_leadership_handoffs_total",
+            "Leaderships this node's leader replicas handed to their partition's preferred replica when it asked (leader balancing).",
+            s.router.node.leadership_handoffs(),
+        ),
         ("logdex_raft_log_fsyncs_total", "fsyncs of the Raft log (one serves every group).", &sync.fsyncs),
         ("logdex_raft_log_flush_requests_total", "Appends and votes made durable by those fsyncs.", &sync.requests),
         ("logdex_raft_log_fsync_microseconds_total", "Time spent in Raft log fsyncs.", &sync.fsync_micros),
         (
             "logdex_raft_log_loaded_lingers_total",
-            "fsyncs that first waited 4 ms for more appends, as many writes were waiting on the node.",
+            "fsyncs that first waited --group-commit-wait-us for more appends, as many writes of several partitions were waiting on the node.",
             &sync.loaded_lingers,
         ),
     ] {

@@ -69,6 +69,11 @@ async fn restart_and_rebalance(cluster: &mut Cluster) -> Result<()> {
     cluster.restart(victim).await?;
     let rebalanced = preferred_leaders(cluster, &cluster.node_ids()).await?;
     ensure_eq!(rebalanced.partition(0)?.leader, Some(victim), "partition 0 is led by its preferred replica again");
+    let mut handoffs = 0;
+    for id in cluster.node_ids() {
+        handoffs += cluster.metric(id, "logdex_leadership_handoffs_total").await?;
+    }
+    ensure!(handoffs >= 1, "no node counted a leadership handed back (logdex_leadership_handoffs_total)");
 
     for id in cluster.node_ids() {
         for (key, value) in &values {

@@ -271,6 +271,8 @@ struct NodeInner {
     /// Groups whose leadership this node handed away as damaged (`damage_loop`): its
     /// replicas of them never ask for the leadership back (`crate::balance`).
     damaged_handoffs: std::sync::Mutex<std::collections::HashSet<GroupId>>,
+    /// Leaderships this node's leader replicas handed to a preferred replica that asked.
+    leadership_handoffs: std::sync::atomic::AtomicU64,
     /// Tiered storage's object store, when configured.
     tier_store: Option<TierStore>,
     /// Records read by lookups or just applied, for every replica of the node.
@@ -361,6 +363,7 @@ impl Node {
                 damage_reports: std::sync::Mutex::new(Some(damage_reports)),
                 damaged_snapshots_refused: Default::default(),
                 damaged_handoffs: Default::default(),
+                leadership_handoffs: Default::default(),
                 tier_store,
                 records,
                 tier_collected: Default::default(),
@@ -977,7 +980,13 @@ impl Node {
         }
         tracing::info!(group, to = replica, "handing the leadership to the preferred replica");
         hosted.raft.trigger().transfer_leader(replica).await.map_err(Error::unavailable)?;
+        self.inner.leadership_handoffs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(true)
+    }
+
+    /// Leaderships this node handed to a partition's preferred replica that asked for it.
+    pub fn leadership_handoffs(&self) -> &std::sync::atomic::AtomicU64 {
+        &self.inner.leadership_handoffs
     }
 
     /// Whether this node handed the leadership of `group` away because its replica's data is
