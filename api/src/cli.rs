@@ -257,16 +257,19 @@ mod tests {
         assert!(parse(&["--tls-cert-file", "c.pem", "--tls-key-file", "k.pem", "--tls-ca-file", "ca.pem"]).is_ok());
     }
 
+    /// The `serve` flags as parsed from `flags`.
+    fn serve_flags(flags: &[&str]) -> Result<Box<ServeArgs>, Box<dyn std::error::Error>> {
+        match Cli::try_parse_from([&["logdex", "serve"], flags].concat())?.command {
+            Some(Command::Serve(serve)) => Ok(serve),
+            _ => Err("not serve".into()),
+        }
+    }
+
     /// The loaded group-commit wait is taken from 0 to 100 ms, 1 ms when not given.
     #[test]
     fn group_commit_wait_is_checked_at_parse() -> Result<(), Box<dyn std::error::Error>> {
         let parse = |flags: &[&str]| Cli::try_parse_from([&["logdex", "serve"], flags].concat());
-        let wait = |flags: &[&str]| -> Result<u64, Box<dyn std::error::Error>> {
-            match parse(flags)?.command {
-                Some(Command::Serve(serve)) => Ok(serve.group_commit_wait_us),
-                _ => Err("not serve".into()),
-            }
-        };
+        let wait = |flags: &[&str]| serve_flags(flags).map(|serve| serve.group_commit_wait_us);
         assert_eq!(wait(&[])?, 1000);
         assert_eq!(wait(&["--group-commit-wait-us", "0"])?, 0);
         assert_eq!(wait(&["--group-commit-wait-us", "100000"])?, 100_000);
@@ -279,17 +282,11 @@ mod tests {
     /// Preferred-leader balancing runs every minute unless told otherwise; 0 turns it off.
     #[test]
     fn leader_balance_interval_defaults_to_a_minute_and_zero_turns_it_off() -> Result<(), Box<dyn std::error::Error>> {
-        let parse = |flags: &[&str]| Cli::try_parse_from([&["logdex", "serve"], flags].concat());
-        let interval = |flags: &[&str]| -> Result<u64, Box<dyn std::error::Error>> {
-            match parse(flags)?.command {
-                Some(Command::Serve(serve)) => Ok(serve.leader_balance_interval_secs),
-                _ => Err("not serve".into()),
-            }
-        };
+        let interval = |flags: &[&str]| serve_flags(flags).map(|serve| serve.leader_balance_interval_secs);
         assert_eq!(interval(&[])?, 60);
         assert_eq!(interval(&["--leader-balance-interval-secs", "0"])?, 0);
-        assert!(parse(&["--leader-balance-interval-secs", "86401"]).is_err());
-        assert!(parse(&["--leader-balance-interval-secs", "-1"]).is_err());
+        assert!(serve_flags(&["--leader-balance-interval-secs", "86401"]).is_err());
+        assert!(serve_flags(&["--leader-balance-interval-secs", "-1"]).is_err());
         Ok(())
     }
 

@@ -33,8 +33,8 @@ const LEADERS_TIMEOUT: Duration = Duration::from_secs(30);
 /// Creates a 3-partition topic on 3 nodes and checks that every partition is led by its
 /// preferred replica; kills the preferred leader of partition 0 with `kill -9`, checks that the
 /// survivors lead every partition and take writes, restarts it, and checks that every
-/// partition is led by its preferred replica again, on every node's view, and that every node
-/// answers every key linearizably with its last written value.
+/// partition is led by its preferred replica again, on every node's view, that a node counted
+/// the hand-back, and that every node answers every key linearizably with its last written value.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_node_gets_the_leadership_of_its_preferred_partitions_back() -> Result<()> {
     let options = ClusterOptions {
@@ -49,7 +49,7 @@ async fn a_restarted_node_gets_the_leadership_of_its_preferred_partitions_back()
 async fn restart_and_rebalance(cluster: &mut Cluster) -> Result<()> {
     let api = cluster.api().clone();
     api.create_topic(&cluster.url(1), &TopicSpec::compacted(TOPIC, PARTITIONS, 3)).await?.expect_status(201)?;
-    let placed = preferred_leaders(cluster, &cluster.node_ids()).await?;
+    let placed = preferred_leaders(cluster).await?;
     let preferred: BTreeMap<u32, u64> =
         placed.partitions.iter().filter_map(|p| Some((p.partition, *p.replicas.first()?))).collect();
     ensure_eq!(preferred.len(), PARTITIONS as usize, "every partition has a preferred replica");
@@ -67,7 +67,7 @@ async fn restart_and_rebalance(cluster: &mut Cluster) -> Result<()> {
     write_keys(cluster, survivor, &mut values, "while-down").await?;
 
     cluster.restart(victim).await?;
-    let rebalanced = preferred_leaders(cluster, &cluster.node_ids()).await?;
+    let rebalanced = preferred_leaders(cluster).await?;
     ensure_eq!(rebalanced.partition(0)?.leader, Some(victim), "partition 0 is led by its preferred replica again");
     let mut handoffs = 0;
     for id in cluster.node_ids() {
@@ -85,9 +85,10 @@ async fn restart_and_rebalance(cluster: &mut Cluster) -> Result<()> {
     Ok(())
 }
 
-/// Waits until every node of `ids` describes every partition of the topic as led by its first
-/// replica; returns the last description.
-async fn preferred_leaders(cluster: &Cluster, ids: &[u64]) -> Result<TopicDescription> {
+/// Waits until every node describes every partition of the topic as led by its first replica;
+/// returns the last description.
+async fn preferred_leaders(cluster: &Cluster) -> Result<TopicDescription> {
+    let ids = cluster.node_ids();
     poll_until(
         "every partition led by its preferred replica on every node",
         LEADERS_TIMEOUT,
@@ -95,8 +96,8 @@ async fn preferred_leaders(cluster: &Cluster, ids: &[u64]) -> Result<TopicDescri
         || async {
             let mut last = None;
             let mut seen = Vec::new();
-            for id in ids {
-                let description = match cluster.api().describe(&cluster.url(*id), TOPIC).await {
+            for &id in &ids {
+                let description = match cluster.api().describe(&cluster.url(id), TOPIC).await {
                     Ok(reply) if reply.status == 200 => reply.decode::<TopicDescription>()?,
                     Ok(reply) => return Ok(Probe::NotYet(format!("node {id}: {}", reply.summary()))),
                     Err(e) => return Ok(Probe::NotYet(format!("node {id}: {e}"))),

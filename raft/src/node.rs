@@ -949,12 +949,7 @@ impl Node {
     /// Asks node `leader` to hand `g`'s replica the leadership of its group; whether it does.
     /// A node from before leader balancing answers UNIMPLEMENTED: no.
     async fn ask_leadership(&self, leader: NodeId, g: &HostedGroup) -> Result<bool> {
-        let addr = self
-            .cluster()
-            .nodes
-            .get(&leader)
-            .map(|n| n.rpc_addr.clone())
-            .ok_or_else(|| Error::unavailable(format!("node {leader} has no known address")))?;
+        let addr = self.rpc_addr_of(leader)?;
         let request = pb::LeadershipRequest {
             header: Some(pb::GroupHeader { group_id: g.group_id, target_replica: 0 }),
             replica_id: g.replica_id,
@@ -987,6 +982,15 @@ impl Node {
     /// Leaderships this node handed to a partition's preferred replica that asked for it.
     pub fn leadership_handoffs(&self) -> &std::sync::atomic::AtomicU64 {
         &self.inner.leadership_handoffs
+    }
+
+    /// The node-to-node address of `node`, as the controller has it registered.
+    fn rpc_addr_of(&self, node: NodeId) -> Result<String> {
+        let cluster = self.cluster();
+        let record = cluster.nodes.get(&node);
+        record
+            .map(|n| n.rpc_addr.clone())
+            .ok_or_else(|| Error::unavailable(format!("node {node} has no known address")))
     }
 
     /// Whether this node handed the leadership of `group` away because its replica's data is
@@ -1666,12 +1670,7 @@ impl Node {
     }
 
     async fn send_produce(&self, node: NodeId, group: GroupId, records: &[logdex_log::Record]) -> Result<u64> {
-        let addr = self
-            .cluster()
-            .nodes
-            .get(&node)
-            .map(|n| n.rpc_addr.clone())
-            .ok_or_else(|| Error::unavailable(format!("node {node} has no known address")))?;
+        let addr = self.rpc_addr_of(node)?;
         let request = || pb::ProduceRequest {
             header: Some(pb::GroupHeader { group_id: group, target_replica: 0 }),
             records: records.iter().map(wire::record_to_pb).collect(),
