@@ -931,10 +931,7 @@ impl Node {
     /// The node to ask for the leadership of `g`'s group, when `g` should lead it
     /// ([`crate::balance::asks_for_leadership`]).
     fn leader_to_ask(&self, state: &ClusterState, g: &HostedGroup) -> Option<NodeId> {
-        let record = state.topics.get(&g.topic)?.partitions.get(g.partition_no as usize)?;
-        if record.group_id != g.group_id {
-            return None;
-        }
+        let record = assignment_of(state, g)?;
         let leader = self.leader_node(g);
         let view = crate::balance::ReplicaView {
             preferred: record.replicas.first().map(|r| r.replica_id) == Some(g.replica_id),
@@ -1088,11 +1085,7 @@ impl Node {
 
     /// Whether `g`'s partition still exists (its topic was not deleted meanwhile).
     fn partition_exists(&self, g: &HostedGroup) -> bool {
-        self.cluster()
-            .topics
-            .get(&g.topic)
-            .and_then(|t| t.partitions.get(g.partition_no as usize))
-            .is_some_and(|p| p.group_id == g.group_id)
+        assignment_of(&self.cluster(), g).is_some()
     }
 
     /// Tiered storage of one replica: while it leads, copies sealed segments to the store
@@ -2164,13 +2157,17 @@ async fn with_tier<T>(partition: &Partition, mut read: impl FnMut() -> Result<T>
     read()
 }
 
+/// The assignment of `g`'s partition in `state`, while it is still `g`'s group (its topic was
+/// not deleted, or deleted and created again, meanwhile).
+fn assignment_of<'a>(state: &'a ClusterState, g: &HostedGroup) -> Option<&'a PartitionRecord> {
+    let record = state.topics.get(&g.topic)?.partitions.get(g.partition_no as usize)?;
+    (record.group_id == g.group_id).then_some(record)
+}
+
 /// What the leader replica `g` knows for preferred-leader balancing; `None` when it does not
 /// lead, or its partition is not (or no longer) assigned as hosted.
 fn leader_view(state: &ClusterState, g: &HostedGroup) -> Option<crate::balance::LeaderView> {
-    let record = state.topics.get(&g.topic)?.partitions.get(g.partition_no as usize)?;
-    if record.group_id != g.group_id {
-        return None;
-    }
+    let record = assignment_of(state, g)?;
     let preferred = record.replicas.first()?.replica_id;
     let metrics = crate::types::metrics_of(&g.raft);
     if metrics.current_leader != Some(g.replica_id) {
