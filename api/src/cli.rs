@@ -208,6 +208,9 @@ pub fn run(cli: Cli) -> Result<(), String> {
     };
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.worker_threads(workers);
+    if matches!(command, Command::Serve(_)) {
+        crate::serve::tune_runtime(&mut builder);
+    }
     let runtime = builder.enable_all().build().map_err(|e| format!("cannot start the runtime: {e}"))?;
     runtime.block_on(async move {
         match command {

@@ -192,6 +192,23 @@ pub fn worker_threads(requested: usize, cores: usize) -> usize {
     if requested > 0 { requested } else { cores.saturating_sub(1).max(1) }
 }
 
+/// Whether the node's runtime runs its tasks in the order they were woken: built with
+/// tokio's unstable options (`.cargo/config.toml`), it turns off the LIFO slot.
+pub const LIFO_SLOT_OFF: bool = cfg!(tokio_unstable);
+
+/// The node's runtime without tokio's LIFO slot, which runs a task woken by the running one
+/// next, ahead of everything already waiting. Under load that hands each write to its
+/// partition's batcher and Raft core as soon as its request is parsed, so the Raft log's
+/// syncer finds one group's append at a time and fsyncs more often; in wake-up order the
+/// requests parsed in one poll of the sockets are all queued first (ARCHITECTURE.md, "Worker
+/// threads").
+pub fn tune_runtime(builder: &mut tokio::runtime::Builder) {
+    #[cfg(tokio_unstable)]
+    builder.disable_lifo_slot();
+    #[cfg(not(tokio_unstable))]
+    let _ = builder;
+}
+
 fn parse_peers(spec: &str) -> Result<Vec<(u64, String)>, String> {
     let peers: Vec<(u64, String)> = spec
         .split(',')
@@ -387,7 +404,7 @@ pub async fn start(args: ServeArgs) -> Result<RunningNode, String> {
     };
     let workers = tokio::runtime::Handle::current().metrics().num_workers();
     let tls = tls.is_some();
-    tracing::info!(node_id = args.node_id, http = %http_addr, rpc = %rpc_addr, workers, tls, "logdex node serving");
+    tracing::info!(node_id = args.node_id, http = %http_addr, rpc = %rpc_addr, workers, lifo_slot_off = LIFO_SLOT_OFF, tls, "logdex node serving");
     Ok(RunningNode { node, http_addr, rpc_addr, stop, http_task, rpc_task })
 }
 
@@ -497,5 +514,44 @@ mod tests {
         assert_eq!(worker_threads(0, 2), 1);
         assert_eq!(worker_threads(0, 16), 15);
         assert_eq!(worker_threads(3, 2), 3, "an explicit count is taken as given");
+    }
+
+    #[test]
+    fn the_node_runtime_runs_woken_tasks_after_those_already_queued() {
+        // .cargo/config.toml passes `--cfg tokio_unstable`; a RUSTFLAGS variable replaces it,
+        // and the node's runtime then keeps tokio's LIFO slot (`tune_runtime`).
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(1).enable_all();
+        tune_runtime(&mut builder);
+        let runtime = builder.build().expect("runtime");
+        // On the worker: W waits; Q is queued; then the running task wakes W. With the LIFO
+        // slot W would run next, ahead of Q.
+        let order = runtime.block_on(async {
+            tokio::spawn(async {
+                let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+                let push = |order: &std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>, what| {
+                    order.lock().expect("lock").push(what);
+                };
+                let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+                let w = {
+                    let order = order.clone();
+                    tokio::spawn(async move {
+                        let _ = rx.await;
+                        push(&order, "woken");
+                    })
+                };
+                tokio::task::yield_now().await;
+                let q = {
+                    let order = order.clone();
+                    tokio::spawn(async move { push(&order, "queued") })
+                };
+                let _ = tx.send(());
+                let _ = (w.await, q.await);
+                order.lock().expect("lock").clone()
+            })
+            .await
+            .expect("task")
+        });
+        assert_eq!(order, ["queued", "woken"], "LIFO slot on (lifo_slot_off={LIFO_SLOT_OFF}): was RUSTFLAGS set?");
     }
 }

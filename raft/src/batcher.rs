@@ -11,11 +11,12 @@
 //!
 //! Before it proposes, the task yields to the other tasks that are ready to run
 //! (at most [`GATHER_YIELDS_MAX`] times, and only while that brings more
-//! requests). The first write of a poll of the sockets wakes the batcher, and
-//! tokio runs a task woken by another next, ahead of the connections whose
-//! requests are parsed in the same poll: without the yield every batch held the
-//! one request that woke it. A lone writer finds nothing else ready and goes at
-//! once (one yield, no timer).
+//! requests). The first write of a poll of the sockets wakes the batcher; with
+//! tokio's LIFO slot (a build without `--cfg tokio_unstable`, see
+//! `serve::tune_runtime` in the api crate) the batcher would run next, ahead of
+//! the connections whose requests are parsed in the same poll, and without the
+//! yield every batch held the one request that woke it. A lone writer finds
+//! nothing else ready and goes at once (one yield, no timer).
 //!
 //! To ensure correctness:
 //! - A batch is atomic: it is appended whole or not at all, so every request of
