@@ -529,21 +529,18 @@ mod tests {
         let order = runtime.block_on(async {
             tokio::spawn(async {
                 let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-                let push = |order: &std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>, what| {
-                    order.lock().expect("lock").push(what);
-                };
                 let (tx, rx) = tokio::sync::oneshot::channel::<()>();
                 let w = {
                     let order = order.clone();
                     tokio::spawn(async move {
                         let _ = rx.await;
-                        push(&order, "woken");
+                        order.lock().expect("lock").push("woken");
                     })
                 };
                 tokio::task::yield_now().await;
                 let q = {
                     let order = order.clone();
-                    tokio::spawn(async move { push(&order, "queued") })
+                    tokio::spawn(async move { order.lock().expect("lock").push("queued") })
                 };
                 let _ = tx.send(());
                 let _ = (w.await, q.await);
