@@ -253,6 +253,61 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// The answers of a replication stream, read until the peer closes the stream, or until the
+/// pump ended (its input ended or the stream broke) and every request it handed over is
+/// answered; an error from `given_up` when the stream owes answers and gets none for
+/// [`STREAM_ANSWER_TIMEOUT`].
+///
+/// The second end does not wait for the peer's close: the frame that ends the request
+/// stream, or the one that ends the answers, may be lost on a flaky link while the
+/// connection lives on (its pings answered again once the link came back). The stream then
+/// owes nothing, so no deadline runs, and openraft would wait on it forever, sending this
+/// follower nothing more. The answers are all there, so the session ends, the stream is
+/// reset, and openraft's next session starts.
+fn answers<R>(
+    responses: R,
+    owed: Arc<Owed>,
+    pump: AbortOnDrop,
+    given_up: impl Fn() -> RpcError + Clone + Send + 'static,
+) -> impl Stream<Item = Result<StreamAppendResult<TypeConfig>, RpcError>> + Send + 'static
+where
+    R: Stream<Item = Result<pb::StreamAppendResponse, tonic::Status>> + Send + Unpin + 'static,
+{
+    struct Reading<R> {
+        responses: R,
+        /// The pump lives as long as the answers are read.
+        pump: AbortOnDrop,
+        pump_ended: bool,
+    }
+    let reading = Reading { responses, pump, pump_ended: false };
+    futures::stream::unfold(Some(reading), move |reading| {
+        let owed = owed.clone();
+        let given_up = given_up.clone();
+        async move {
+            let mut reading = reading?;
+            loop {
+                if reading.pump_ended && owed.waiting().is_none() {
+                    return None;
+                }
+                tokio::select! {
+                    biased;
+                    next = tokio::time::timeout(owed.time_left(), reading.responses.next()) => match next {
+                        Ok(None) => return None,
+                        Ok(Some(item)) => {
+                            owed.answered();
+                            let result = item.map_err(unreachable).and_then(stream_append_result);
+                            return Some((result, Some(reading)));
+                        }
+                        Err(_) if owed.overdue() => return Some((Err(given_up()), None)),
+                        Err(_) => continue,
+                    },
+                    _ = &mut reading.pump.0, if !reading.pump_ended => reading.pump_ended = true,
+                }
+            }
+        }
+    })
+}
+
 /// Replaces the pooled connection to a peer when a vote sent over it got no answer: openraft
 /// gives up on a vote after the minimum election timeout and drops the call, and this guard,
 /// dropped with it, makes the next call to the peer open a new connection.
@@ -655,27 +710,7 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
                     }
                 }
             };
-            let results = futures::stream::unfold(Some(responses), move |responses| {
-                let owed = owed.clone();
-                let (pool, addr) = (pool.clone(), addr.clone());
-                // The pump lives as long as the answers are read.
-                let _pump = &pump;
-                async move {
-                    let mut responses = responses?;
-                    loop {
-                        match tokio::time::timeout(owed.time_left(), responses.next()).await {
-                            Ok(None) => return None,
-                            Ok(Some(item)) => {
-                                owed.answered();
-                                let result = item.map_err(unreachable).and_then(stream_append_result);
-                                return Some((result, Some(responses)));
-                            }
-                            Err(_) if owed.overdue() => return Some((Err(given_up(&pool, &addr)), None)),
-                            Err(_) => continue,
-                        }
-                    }
-                }
-            });
+            let results = answers(responses, owed, pump, move || given_up(&pool, &addr));
             Ok(Box::pin(results) as BoxStream<'s, _>)
         })
     }
@@ -949,6 +984,60 @@ mod tests {
     #[tokio::test]
     async fn an_input_without_requests_is_empty() {
         assert!(matches!(peek_input(strict_input(vec![])).await, AppendInput::Empty));
+    }
+
+    /// A peer's answer that entries up to `index` are flushed.
+    fn flushed(index: u64) -> Result<pb::StreamAppendResponse, tonic::Status> {
+        let log_id = pb::LogId { term: 1, index };
+        Ok(pb::StreamAppendResponse { result: Some(pb::stream_append_response::Result::Flushed(log_id)) })
+    }
+
+    /// A pump that hands `count` requests over and ends, as when openraft's input ended.
+    async fn ended_pump(owed: &Arc<Owed>, count: usize) -> AbortOnDrop {
+        let pump = {
+            let owed = owed.clone();
+            AbortOnDrop(tokio::spawn(async move { (0..count).for_each(|_| owed.handed_over()) }))
+        };
+        while owed.waiting().is_none() {
+            tokio::task::yield_now().await;
+        }
+        pump
+    }
+
+    fn never_given_up() -> RpcError {
+        unreachable("given up")
+    }
+
+    #[tokio::test]
+    async fn the_answers_end_once_the_input_ended_and_all_are_answered_though_the_close_never_comes() {
+        let owed = Arc::new(Owed::new());
+        let pump = ended_pump(&owed, 2).await;
+        // The peer answered both requests; the frame that would close its answers was lost.
+        let (peer, responses) = futures::channel::mpsc::unbounded();
+        peer.unbounded_send(flushed(1)).expect("send");
+        peer.unbounded_send(flushed(2)).expect("send");
+        let read = answers(responses, owed, pump, never_given_up).collect::<Vec<_>>();
+        let read = tokio::time::timeout(Duration::from_secs(5), read).await.expect("the answers end without the close");
+        let flushed: Vec<_> = read.into_iter().map(|r| r.expect("answer").expect("success")).collect();
+        assert_eq!(flushed.iter().map(|l| l.map(|l| l.index)).collect::<Vec<_>>(), vec![Some(1), Some(2)]);
+        drop(peer);
+    }
+
+    #[tokio::test]
+    async fn the_answers_wait_for_every_request_handed_over_after_the_input_ended() {
+        let owed = Arc::new(Owed::new());
+        let pump = ended_pump(&owed, 2).await;
+        let (peer, responses) = futures::channel::mpsc::unbounded();
+        peer.unbounded_send(flushed(1)).expect("send");
+        let mut read = std::pin::pin!(answers(responses, owed, pump, never_given_up));
+        assert!(read.next().await.is_some_and(|r| r.is_ok()), "the first answer");
+        let early = tokio::time::timeout(Duration::from_millis(200), read.next()).await;
+        assert!(early.is_err(), "the second request is still owed an answer: {early:?}");
+        peer.unbounded_send(flushed(2)).expect("send");
+        let second = read.next().await.expect("the second answer").expect("answer").expect("success");
+        assert_eq!(second.map(|l| l.index), Some(2));
+        let end = tokio::time::timeout(Duration::from_secs(5), read.next()).await;
+        assert!(matches!(end, Ok(None)), "then the answers end: {end:?}");
     }
 
     #[test]
