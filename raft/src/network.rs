@@ -57,22 +57,30 @@ pub const STREAM_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Deadline of a whole snapshot transfer.
 pub const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(600);
+/// Longest a snapshot transfer may wait for the transport to take its next chunk.
+pub const SNAPSHOT_STALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bytes of one snapshot file chunk on the wire.
 pub const SNAPSHOT_CHUNK_BYTES: usize = 1024 * 1024;
 
 /// Streams the header, then every file of the snapshot in chunks with its CRC-32C, then the
 /// end marker. The files are opened first, all at once ([`crate::snapshot::SnapshotFiles::open_all`]), so a
 /// newer snapshot replacing this one meanwhile cannot cut the transfer short; on any error it
-/// stops before the end marker, so the receiver refuses what it got.
+/// stops before the end marker, so the receiver refuses what it got. Each chunk is owed
+/// (`owed`) from when it is handed over until the transport takes it.
 async fn send_snapshot_files(
     header: pb::SnapshotHeader,
     files: SnapshotData,
     tx: tokio::sync::mpsc::Sender<pb::SnapshotChunk>,
+    owed: &Owed,
 ) -> Result<(), std::io::Error> {
     use pb::snapshot_chunk::Kind;
     use tokio::io::AsyncReadExt;
-    let closed = |_| std::io::Error::other("snapshot receiver closed the stream");
-    tx.send(pb::SnapshotChunk { kind: Some(Kind::Header(header)) }).await.map_err(closed)?;
+    let send = |kind: Kind| {
+        owed.handed_over();
+        let sent = tx.send(pb::SnapshotChunk { kind: Some(kind) });
+        async move { sent.await.map_err(|_| std::io::Error::other("snapshot receiver closed the stream")) }
+    };
+    send(Kind::Header(header)).await?;
     let opened = files.open_all().map_err(std::io::Error::other)?;
     let count = opened.len() as u64;
     for (rel, file) in opened {
@@ -90,13 +98,13 @@ async fn send_snapshot_files(
             crc = crc32c::crc32c_append(crc, &buf);
             size += n as u64;
             let chunk = pb::SnapshotFileChunk { name: name.clone(), data: buf };
-            tx.send(pb::SnapshotChunk { kind: Some(Kind::Data(chunk)) }).await.map_err(closed)?;
+            send(Kind::Data(chunk)).await?;
         }
         let end = pb::SnapshotFileEnd { name, size, crc32c: crc };
-        tx.send(pb::SnapshotChunk { kind: Some(Kind::FileEnd(end)) }).await.map_err(closed)?;
+        send(Kind::FileEnd(end)).await?;
     }
     let end = pb::SnapshotEnd { files: count };
-    tx.send(pb::SnapshotChunk { kind: Some(Kind::End(end)) }).await.map_err(closed)
+    send(Kind::End(end)).await
 }
 
 /// Adds the node-to-node bearer token, when configured, to every request.
@@ -186,8 +194,11 @@ impl ChannelPool {
 }
 
 /// The requests of a replication stream that await an answer, and since when the oldest of
-/// them has waited without the stream answering anything.
+/// them has waited without the stream answering anything; `limit` is how long that may last.
+/// A snapshot transfer uses it for its chunks: one is owed from when the producer hands it
+/// over until the transport takes it.
 struct Owed {
+    limit: Duration,
     count: std::sync::atomic::AtomicI64,
     /// Nanoseconds after `start` when the stream last made progress while owing: the first
     /// request after none was owed, or an answer that left others owed.
@@ -196,8 +207,9 @@ struct Owed {
 }
 
 impl Owed {
-    fn new() -> Owed {
+    fn new(limit: Duration) -> Owed {
         Owed {
+            limit,
             count: std::sync::atomic::AtomicI64::new(0),
             since: std::sync::atomic::AtomicU64::new(0),
             start: std::time::Instant::now(),
@@ -233,12 +245,12 @@ impl Owed {
     }
 
     fn overdue(&self) -> bool {
-        self.waiting().is_some_and(|w| w >= STREAM_ANSWER_TIMEOUT)
+        self.waiting().is_some_and(|w| w >= self.limit)
     }
 
     /// Until the oldest owed request is overdue (a full period when nothing is owed).
     fn time_left(&self) -> Duration {
-        let left = STREAM_ANSWER_TIMEOUT.saturating_sub(self.waiting().unwrap_or_default());
+        let left = self.limit.saturating_sub(self.waiting().unwrap_or_default());
         left.max(Duration::from_millis(1))
     }
 }
@@ -592,6 +604,76 @@ fn vote_response(resp: pb::VoteResponse) -> Result<VoteResponse<TypeConfig>, Rpc
     ))
 }
 
+fn snapshot_unreachable(e: &dyn std::fmt::Display) -> StreamingError {
+    StreamingError::Unreachable(Unreachable::from_string(e.to_string()))
+}
+
+impl GroupConnection {
+    /// Streams a snapshot's files to the target and returns its answer. The transfer fails
+    /// when the transport takes no chunk for `stall_limit` while some wait (a connection whose
+    /// flow-control window was lost on a flaky link takes none, while its pings still pass),
+    /// and the connection to that peer is replaced, so openraft retries on a new one instead of
+    /// waiting out [`SNAPSHOT_TIMEOUT`].
+    async fn send_snapshot(
+        &mut self,
+        header: pb::SnapshotHeader,
+        files: SnapshotData,
+        cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+        stall_limit: Duration,
+    ) -> Result<pb::SnapshotResponse, StreamingError> {
+        let mut client = self.pool.client(&self.addr).map_err(|e| snapshot_unreachable(&e))?;
+        let owed = Arc::new(Owed::new(stall_limit));
+        let (tx, rx) = tokio::sync::mpsc::channel::<pb::SnapshotChunk>(4);
+        let producer = {
+            let owed = owed.clone();
+            AbortOnDrop(tokio::spawn(async move {
+                if let Err(e) = send_snapshot_files(header, files, tx, &owed).await {
+                    tracing::debug!(error = %e, "snapshot transfer stopped");
+                }
+            }))
+        };
+        let taken = owed.clone();
+        let stream = futures::stream::unfold(rx, move |mut rx| {
+            let taken = taken.clone();
+            async move {
+                let chunk = rx.recv().await?;
+                taken.answered();
+                Some((chunk, rx))
+            }
+        });
+        let mut request = tonic::Request::new(stream);
+        request.set_timeout(SNAPSHOT_TIMEOUT);
+        let call = client.install_snapshot(request);
+        tokio::pin!(call, cancel);
+        let resp = loop {
+            tokio::select! {
+                r = &mut call => break r,
+                closed = &mut cancel => return Err(StreamingError::Closed(closed)),
+                _ = tokio::time::sleep(owed.time_left()) => {
+                    if owed.overdue() {
+                        self.pool.forget(&self.addr);
+                        let e = format!("the snapshot transfer took no chunk for {stall_limit:?}");
+                        return Err(snapshot_unreachable(&e));
+                    }
+                }
+            }
+        };
+        drop(producer);
+        if let Err(status) = &resp
+            && status.code() == tonic::Code::DataLoss
+        {
+            tracing::error!(
+                group = self.header.group_id,
+                follower = self.header.target_replica,
+                reason = status.message(),
+                "a follower refused this replica's snapshot as damaged"
+            );
+            let _ = self.damage.try_send(self.header.group_id);
+        }
+        resp.map(tonic::Response::into_inner).map_err(|e| snapshot_unreachable(&e))
+    }
+}
+
 impl RaftNetworkV2<TypeConfig> for GroupConnection {
     type SnapshotData = SnapshotData;
 
@@ -658,7 +740,7 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
             // when HTTP/2 takes it: a stream whose send window was lost (its WINDOW_UPDATE
             // frames dropped on a flaky link) never takes the next request, and would
             // otherwise owe nothing while pings keep its connection alive.
-            let owed = Arc::new(Owed::new());
+            let owed = Arc::new(Owed::new(STREAM_ANSWER_TIMEOUT));
             let (queue, queued) = tokio::sync::mpsc::channel::<pb::AppendEntriesRequest>(1);
             let pump = {
                 let owed = owed.clone();
@@ -748,8 +830,6 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
         cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
         _option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError> {
-        let net = |e: &dyn std::fmt::Display| StreamingError::Unreachable(Unreachable::from_string(e.to_string()));
-        let mut client = self.pool.client(&self.addr).map_err(|e| net(&e))?;
         let meta = &snapshot.meta;
         let header = pb::SnapshotHeader {
             header: Some(self.header),
@@ -758,34 +838,8 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
             last_membership_log_id: wire::opt_log_id_to_pb(meta.last_membership.log_id().as_ref()),
             last_membership: Some(wire::membership_to_pb(meta.last_membership.membership())),
         };
-        let (tx, rx) = tokio::sync::mpsc::channel::<pb::SnapshotChunk>(4);
-        let files = snapshot.snapshot.clone();
-        let producer = tokio::spawn(async move { send_snapshot_files(header, files, tx).await });
-        let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
-        let mut request = tonic::Request::new(stream);
-        request.set_timeout(SNAPSHOT_TIMEOUT);
-        let resp = tokio::select! {
-            r = client.install_snapshot(request) => r,
-            closed = cancel => {
-                producer.abort();
-                return Err(StreamingError::Closed(closed));
-            }
-        };
-        let sent = producer.await.map_err(|e| net(&e))?;
-        if let Err(status) = &resp
-            && status.code() == tonic::Code::DataLoss
-        {
-            tracing::error!(
-                group = self.header.group_id,
-                follower = self.header.target_replica,
-                reason = status.message(),
-                "a follower refused this replica's snapshot as damaged"
-            );
-            let _ = self.damage.try_send(self.header.group_id);
-        }
-        let resp = resp.map_err(|e| net(&e))?.into_inner();
-        sent.map_err(|e| net(&e))?;
-        let vote = wire::required(resp.vote, "SnapshotResponse", "vote").map_err(|e| net(&e))?;
+        let resp = self.send_snapshot(header, snapshot.snapshot.clone(), cancel, SNAPSHOT_STALL_TIMEOUT).await?;
+        let vote = wire::required(resp.vote, "SnapshotResponse", "vote").map_err(|e| snapshot_unreachable(&e))?;
         Ok(SnapshotResponse { vote: wire::vote_from_pb(&vote) })
     }
 
@@ -1010,7 +1064,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_answers_end_once_the_input_ended_and_all_are_answered_though_the_close_never_comes() {
-        let owed = Arc::new(Owed::new());
+        let owed = Arc::new(Owed::new(STREAM_ANSWER_TIMEOUT));
         let pump = ended_pump(&owed, 2).await;
         // The peer answered both requests; the frame that would close its answers was lost.
         let (peer, responses) = futures::channel::mpsc::unbounded();
@@ -1025,7 +1079,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_answers_wait_for_every_request_handed_over_after_the_input_ended() {
-        let owed = Arc::new(Owed::new());
+        let owed = Arc::new(Owed::new(STREAM_ANSWER_TIMEOUT));
         let pump = ended_pump(&owed, 2).await;
         let (peer, responses) = futures::channel::mpsc::unbounded();
         peer.unbounded_send(flushed(1)).expect("send");
@@ -1042,7 +1096,7 @@ mod tests {
 
     #[test]
     fn a_stream_owing_nothing_is_never_overdue() {
-        let owed = Owed::new();
+        let owed = Owed::new(STREAM_ANSWER_TIMEOUT);
         assert!(!owed.overdue());
         assert_eq!(owed.time_left(), STREAM_ANSWER_TIMEOUT);
         owed.handed_over();
@@ -1053,7 +1107,7 @@ mod tests {
 
     #[test]
     fn the_deadline_runs_from_the_oldest_unanswered_request_and_restarts_on_an_answer() {
-        let owed = Owed::new();
+        let owed = Owed::new(STREAM_ANSWER_TIMEOUT);
         // An idle stream for a long time, then a request: it has the whole period.
         owed.since.store(0, std::sync::atomic::Ordering::Release);
         std::thread::sleep(Duration::from_millis(30));
@@ -1062,7 +1116,7 @@ mod tests {
         // A stream that started 20 s ago and has owed a request since its start: overdue,
         // and a second request does not restart the clock of the first.
         let start = std::time::Instant::now().checked_sub(Duration::from_secs(20)).expect("an instant 20 s ago");
-        let old = Owed { start, ..Owed::new() };
+        let old = Owed { start, ..Owed::new(STREAM_ANSWER_TIMEOUT) };
         old.handed_over();
         old.since.store(0, std::sync::atomic::Ordering::Release);
         old.handed_over();
@@ -1105,6 +1159,37 @@ mod tests {
             assert!(tokio::time::timeout(Duration::from_millis(300), vote).await.is_err(), "the peer answers nothing");
             assert!(!pooled(&pool, &addr), "the next vote (pre_vote: {pre_vote}) goes over a new connection");
         }
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_transfer_the_transport_stops_taking_fails_and_replaces_the_connection() {
+        // A peer whose kernel accepts the connection while the process reads nothing: HTTP/2
+        // takes what the initial send window allows, then nothing more, as when a flaky link
+        // lost the window updates.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = silent.local_addr().expect("address").to_string();
+        let pool = Arc::new(ChannelPool::new(None, None).expect("pool"));
+        let (damage, _reports) = tokio::sync::mpsc::channel(1);
+        let mut connection = GroupConnection {
+            header: pb::GroupHeader { group_id: 7, target_replica: 2 },
+            addr: addr.clone(),
+            pool: pool.clone(),
+            calls: Arc::new(Calls::new(pool.clone())),
+            heartbeat_refused_at: None,
+            damage,
+            commit_release: None,
+        };
+        let dir = tempfile::tempdir().expect("snapshot dir");
+        std::fs::write(dir.path().join("meta.json"), b"{}").expect("meta");
+        std::fs::write(dir.path().join("segment"), vec![7u8; 8 * SNAPSHOT_CHUNK_BYTES]).expect("file");
+        let files = SnapshotData { dir: dir.path().to_path_buf() };
+        pool.client(&addr).expect("client");
+        let never_cancelled = std::future::pending::<ReplicationClosed>();
+        let stall = Duration::from_millis(300);
+        let sent = connection.send_snapshot(pb::SnapshotHeader::default(), files, never_cancelled, stall);
+        let sent = tokio::time::timeout(Duration::from_secs(20), sent).await.expect("the stall is found");
+        assert!(matches!(sent, Err(StreamingError::Unreachable(_))), "{sent:?}");
+        assert!(!pooled(&pool, &addr), "the next transfer goes over a new connection");
     }
 
     #[tokio::test]
