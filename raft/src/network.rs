@@ -1131,15 +1131,22 @@ mod tests {
         pool.channels.lock().unwrap_or_else(|p| p.into_inner()).contains_key(addr)
     }
 
-    #[tokio::test]
-    async fn a_vote_the_peer_never_answers_replaces_the_pooled_connection() {
-        // A peer whose kernel accepts connections while the process reads nothing (paused, or
-        // behind a link that drops its bytes).
-        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let addr = silent.local_addr().expect("address").to_string();
+    /// A peer whose kernel accepts connections while the process reads nothing (paused, or
+    /// behind a link that drops its bytes), and a group's connection to it.
+    struct SilentPeer {
+        _listener: std::net::TcpListener,
+        _damage_reports: tokio::sync::mpsc::Receiver<GroupId>,
+        addr: String,
+        pool: Arc<ChannelPool>,
+        connection: GroupConnection,
+    }
+
+    fn silent_peer() -> SilentPeer {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address").to_string();
         let pool = Arc::new(ChannelPool::new(None, None).expect("pool"));
-        let (damage, _reports) = tokio::sync::mpsc::channel(1);
-        let mut connection = GroupConnection {
+        let (damage, damage_reports) = tokio::sync::mpsc::channel(1);
+        let connection = GroupConnection {
             header: pb::GroupHeader { group_id: 7, target_replica: 2 },
             addr: addr.clone(),
             pool: pool.clone(),
@@ -1148,6 +1155,13 @@ mod tests {
             damage,
             commit_release: None,
         };
+        SilentPeer { _listener: listener, _damage_reports: damage_reports, addr, pool, connection }
+    }
+
+    #[tokio::test]
+    async fn a_vote_the_peer_never_answers_replaces_the_pooled_connection() {
+        let peer = silent_peer();
+        let SilentPeer { addr, pool, mut connection, .. } = peer; // the listener lives until the end
         for pre_vote in [false, true] {
             pool.client(&addr).expect("client");
             let rpc = VoteRequest::new(Vote::new(3, 1), None);
@@ -1163,22 +1177,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_snapshot_transfer_the_transport_stops_taking_fails_and_replaces_the_connection() {
-        // A peer whose kernel accepts the connection while the process reads nothing: HTTP/2
-        // takes what the initial send window allows, then nothing more, as when a flaky link
-        // lost the window updates.
-        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let addr = silent.local_addr().expect("address").to_string();
-        let pool = Arc::new(ChannelPool::new(None, None).expect("pool"));
-        let (damage, _reports) = tokio::sync::mpsc::channel(1);
-        let mut connection = GroupConnection {
-            header: pb::GroupHeader { group_id: 7, target_replica: 2 },
-            addr: addr.clone(),
-            pool: pool.clone(),
-            calls: Arc::new(Calls::new(pool.clone())),
-            heartbeat_refused_at: None,
-            damage,
-            commit_release: None,
-        };
+        // HTTP/2 takes what the initial send window allows, then nothing more, as when a
+        // flaky link lost the window updates.
+        let peer = silent_peer();
+        let SilentPeer { addr, pool, mut connection, .. } = peer; // the listener lives until the end
         let dir = tempfile::tempdir().expect("snapshot dir");
         std::fs::write(dir.path().join("meta.json"), b"{}").expect("meta");
         std::fs::write(dir.path().join("segment"), vec![7u8; 8 * SNAPSHOT_CHUNK_BYTES]).expect("file");
