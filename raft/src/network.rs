@@ -253,6 +253,16 @@ impl Owed {
         let left = self.limit.saturating_sub(self.waiting().unwrap_or_default());
         left.max(Duration::from_millis(1))
     }
+
+    /// Resolves once the oldest owed request is overdue; never while nothing is owed.
+    async fn overdue_at_last(&self) {
+        loop {
+            tokio::time::sleep(self.time_left()).await;
+            if self.overdue() {
+                return;
+            }
+        }
+    }
 }
 
 /// Aborts a task when dropped: the request pump of a replication stream ends with the
@@ -303,17 +313,16 @@ where
                 }
                 tokio::select! {
                     biased;
-                    next = tokio::time::timeout(owed.time_left(), reading.responses.next()) => match next {
-                        Ok(None) => return None,
-                        Ok(Some(item)) => {
+                    next = reading.responses.next() => match next {
+                        None => return None,
+                        Some(item) => {
                             owed.answered();
                             let result = item.map_err(unreachable).and_then(stream_append_result);
                             return Some((result, Some(reading)));
                         }
-                        Err(_) if owed.overdue() => return Some((Err(given_up()), None)),
-                        Err(_) => continue,
                     },
                     _ = &mut reading.pump.0, if !reading.pump_ended => reading.pump_ended = true,
+                    _ = owed.overdue_at_last() => return Some((Err(given_up()), None)),
                 }
             }
         }
@@ -643,19 +652,13 @@ impl GroupConnection {
         });
         let mut request = tonic::Request::new(stream);
         request.set_timeout(SNAPSHOT_TIMEOUT);
-        let call = client.install_snapshot(request);
-        tokio::pin!(call, cancel);
-        let resp = loop {
-            tokio::select! {
-                r = &mut call => break r,
-                closed = &mut cancel => return Err(StreamingError::Closed(closed)),
-                _ = tokio::time::sleep(owed.time_left()) => {
-                    if owed.overdue() {
-                        self.pool.forget(&self.addr);
-                        let e = format!("the snapshot transfer took no chunk for {stall_limit:?}");
-                        return Err(snapshot_unreachable(&e));
-                    }
-                }
+        let resp = tokio::select! {
+            r = client.install_snapshot(request) => r,
+            closed = cancel => return Err(StreamingError::Closed(closed)),
+            _ = owed.overdue_at_last() => {
+                self.pool.forget(&self.addr);
+                let e = format!("the snapshot transfer took no chunk for {stall_limit:?}");
+                return Err(snapshot_unreachable(&e));
             }
         };
         drop(producer);
@@ -780,17 +783,9 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
             };
             // The peer answers the stream's opening once it has the first request: a
             // connection that cannot carry it would keep the opening waiting too.
-            let open = client.stream_append(requests);
-            tokio::pin!(open);
-            let responses = loop {
-                tokio::select! {
-                    opened = &mut open => break opened.map_err(unreachable)?.into_inner(),
-                    _ = tokio::time::sleep(owed.time_left()) => {
-                        if owed.overdue() {
-                            return Err(given_up(&pool, &addr));
-                        }
-                    }
-                }
+            let responses = tokio::select! {
+                opened = client.stream_append(requests) => opened.map_err(unreachable)?.into_inner(),
+                _ = owed.overdue_at_last() => return Err(given_up(&pool, &addr)),
             };
             let results = answers(responses, owed, pump, move || given_up(&pool, &addr));
             Ok(Box::pin(results) as BoxStream<'s, _>)
@@ -1046,44 +1041,45 @@ mod tests {
         Ok(pb::StreamAppendResponse { result: Some(pb::stream_append_response::Result::Flushed(log_id)) })
     }
 
-    /// A pump that hands `count` requests over and ends, as when openraft's input ended.
-    async fn ended_pump(owed: &Arc<Owed>, count: usize) -> AbortOnDrop {
+    type Peer = futures::channel::mpsc::UnboundedSender<Result<pb::StreamAppendResponse, tonic::Status>>;
+
+    /// The answers of a stream whose pump handed `handed_over` requests over and ended (as when
+    /// openraft's input ended), after the peer answered those up to each of `answered`; the
+    /// peer can answer more, and never closes the stream while it is kept.
+    async fn answers_after(
+        handed_over: usize,
+        answered: &[u64],
+    ) -> (Peer, impl Stream<Item = Result<StreamAppendResult<TypeConfig>, RpcError>>) {
+        let owed = Arc::new(Owed::new(STREAM_ANSWER_TIMEOUT));
         let pump = {
             let owed = owed.clone();
-            AbortOnDrop(tokio::spawn(async move { (0..count).for_each(|_| owed.handed_over()) }))
+            AbortOnDrop(tokio::spawn(async move { (0..handed_over).for_each(|_| owed.handed_over()) }))
         };
         while owed.waiting().is_none() {
             tokio::task::yield_now().await;
         }
-        pump
-    }
-
-    fn never_given_up() -> RpcError {
-        unreachable("given up")
+        let (peer, responses) = futures::channel::mpsc::unbounded();
+        for &index in answered {
+            peer.unbounded_send(flushed(index)).expect("send");
+        }
+        let never_given_up = || unreachable("given up");
+        (peer, answers(responses, owed, pump, never_given_up))
     }
 
     #[tokio::test]
     async fn the_answers_end_once_the_input_ended_and_all_are_answered_though_the_close_never_comes() {
-        let owed = Arc::new(Owed::new(STREAM_ANSWER_TIMEOUT));
-        let pump = ended_pump(&owed, 2).await;
         // The peer answered both requests; the frame that would close its answers was lost.
-        let (peer, responses) = futures::channel::mpsc::unbounded();
-        peer.unbounded_send(flushed(1)).expect("send");
-        peer.unbounded_send(flushed(2)).expect("send");
-        let read = answers(responses, owed, pump, never_given_up).collect::<Vec<_>>();
-        let read = tokio::time::timeout(Duration::from_secs(5), read).await.expect("the answers end without the close");
+        let (_peer, read) = answers_after(2, &[1, 2]).await;
+        let read = tokio::time::timeout(Duration::from_secs(5), read.collect::<Vec<_>>());
+        let read = read.await.expect("the answers end without the close");
         let flushed: Vec<_> = read.into_iter().map(|r| r.expect("answer").expect("success")).collect();
         assert_eq!(flushed.iter().map(|l| l.map(|l| l.index)).collect::<Vec<_>>(), vec![Some(1), Some(2)]);
-        drop(peer);
     }
 
     #[tokio::test]
     async fn the_answers_wait_for_every_request_handed_over_after_the_input_ended() {
-        let owed = Arc::new(Owed::new(STREAM_ANSWER_TIMEOUT));
-        let pump = ended_pump(&owed, 2).await;
-        let (peer, responses) = futures::channel::mpsc::unbounded();
-        peer.unbounded_send(flushed(1)).expect("send");
-        let mut read = std::pin::pin!(answers(responses, owed, pump, never_given_up));
+        let (peer, read) = answers_after(2, &[1]).await;
+        let mut read = std::pin::pin!(read);
         assert!(read.next().await.is_some_and(|r| r.is_ok()), "the first answer");
         let early = tokio::time::timeout(Duration::from_millis(200), read.next()).await;
         assert!(early.is_err(), "the second request is still owed an answer: {early:?}");
