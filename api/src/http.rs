@@ -938,12 +938,13 @@ async fn check_partitions_led_here(
 
 // ---------------------------------------------------------------- reads
 
-/// Picks where a read of `record` goes when this node does not host it.
-async fn read_target(s: &AppState, record: &PartitionRecord) -> Result<u64, ApiError> {
-    if let Some(l) = s.router.find_leader(record).await {
-        return Ok(l);
+/// Where a read of `record` goes when this node does not host it, best first (never empty).
+async fn read_targets(s: &AppState, record: &PartitionRecord) -> Result<Vec<u64>, ApiError> {
+    let targets = s.router.read_targets(record).await;
+    if targets.is_empty() {
+        return Err(ApiError::Unavailable("partition has no replicas".into()));
     }
-    record.replicas.first().map(|r| r.node_id).ok_or_else(|| ApiError::Unavailable("partition has no replicas".into()))
+    Ok(targets)
 }
 
 /// Another replica of `record` to ask when this one's data is damaged: the leader when it is
@@ -975,9 +976,10 @@ pub(crate) struct LookupRequest<'a> {
 pub(crate) enum Lookup {
     /// By this node's replica of the partition, as of its high watermark.
     Here { partition: u32, high_watermark: u64, read: KeyRead },
-    /// By node `target`: this node holds no replica of the partition, or its copy of the
-    /// record is damaged. The caller forwards the request there or answers 421.
-    Elsewhere { target: u64 },
+    /// By the first of `targets` that takes it (best first, never empty): this node holds
+    /// no replica of the partition, or its copy of the record is damaged. The caller
+    /// forwards the request there or answers 421.
+    Elsewhere { group: u64, targets: Vec<u64> },
 }
 
 /// Looks a key up on this node's replica of its partition (the read barrier of `mode`
@@ -994,7 +996,7 @@ pub(crate) async fn lookup(s: &AppState, r: LookupRequest<'_>) -> Result<Lookup,
         return Err(ApiError::TopicNotIndexed(r.topic.name.clone()));
     }
     let Some(hosted) = s.router.node.group(p.group_id) else {
-        return Ok(Lookup::Elsewhere { target: read_target(s, p).await? });
+        return Ok(Lookup::Elsewhere { group: p.group_id, targets: read_targets(s, p).await? });
     };
     if let Some(min) = r.min_offset {
         let wait = s.limits.min_offset_wait_max.min(Duration::from_secs(1));
@@ -1007,12 +1009,12 @@ pub(crate) async fn lookup(s: &AppState, r: LookupRequest<'_>) -> Result<Lookup,
         Err(e) if e.is_corrupt_data() && r.hop.forward && !r.hop.forwarded => {
             let Some(target) = healthy_replica(s, p, &hosted) else { return Err(e.into()) };
             tracing::warn!(group = p.group_id, error = %e, target, "lookup of a damaged record forwarded to another replica");
-            Ok(Lookup::Elsewhere { target })
+            Ok(Lookup::Elsewhere { group: p.group_id, targets: vec![target] })
         }
         // Leadership moved while the read barrier ran (a transfer, or a leader a move
         // removes): the new leader answers, as if the read had come in after the change.
         Err(logdex_raft::Error::NotLeader { leader_node: Some(leader), .. }) if leader != s.router.node.node_id() => {
-            Ok(Lookup::Elsewhere { target: leader })
+            Ok(Lookup::Elsewhere { group: p.group_id, targets: vec![leader] })
         }
         // A move took this replica off the node while the read waited on it: a replica in
         // the current assignment answers.
@@ -1021,12 +1023,13 @@ pub(crate) async fn lookup(s: &AppState, r: LookupRequest<'_>) -> Result<Lookup,
             let Some(record) = current.as_ref().and_then(|t| t.partitions.get(p.partition as usize)) else {
                 return Err(e.into());
             };
-            let target = read_target(s, record).await?;
-            if target == s.router.node.node_id() {
+            let me = s.router.node.node_id();
+            let targets: Vec<u64> = read_targets(s, record).await?.into_iter().filter(|t| *t != me).collect();
+            if targets.is_empty() {
                 return Err(e.into());
             }
-            tracing::debug!(group = p.group_id, error = %e, target, "the replica left this node during a lookup");
-            Ok(Lookup::Elsewhere { target })
+            tracing::debug!(group = p.group_id, error = %e, ?targets, "the replica left this node during a lookup");
+            Ok(Lookup::Elsewhere { group: p.group_id, targets })
         }
         Err(e) => Err(e.into()),
     }
@@ -1050,8 +1053,8 @@ async fn get_key(
     let request = LookupRequest { topic: t, key: &key, mode, partition, min_offset: q.min_offset, hop };
     let (partition, hw, read) = match lookup(&s, request).await? {
         Lookup::Here { partition, high_watermark, read } => (partition, high_watermark, read),
-        Lookup::Elsewhere { target } => {
-            return s.router.redirect(target, hop, Method::GET, &path_and_query(uri), headers, Bytes::new()).await;
+        Lookup::Elsewhere { group, targets } => {
+            return s.router.redirect_read(group, &targets, hop, &path_and_query(uri), headers).await;
         }
     };
     let node_id = s.router.node.node_id();
@@ -1172,8 +1175,8 @@ async fn fetch_records(
     let max_bytes = q.max_bytes.unwrap_or(1024 * 1024).clamp(1, s.limits.fetch_bytes_max);
     let hop = hop(&s, &headers, &q);
     let Some(hosted) = s.router.node.group(p.group_id) else {
-        let target = read_target(&s, p).await?;
-        return s.router.redirect(target, hop, Method::GET, &path_and_query(&uri), &headers, Bytes::new()).await;
+        let targets = read_targets(&s, p).await?;
+        return s.router.redirect_read(p.group_id, &targets, hop, &path_and_query(&uri), &headers).await;
     };
     s.router.node.read_barrier(&hosted, mode).await?;
     let hw = hosted.partition.high_watermark();

@@ -36,7 +36,17 @@ pub struct Router {
     /// `https` when the cluster runs TLS, else `http`: of forwarded requests and of the
     /// `X-Kv-Redirect` URLs.
     scheme: &'static str,
-    leaders: Arc<Mutex<HashMap<GroupId, (NodeId, Instant)>>>,
+    /// What the replica nodes of groups this node does not host said, and when.
+    routes: Arc<Mutex<HashMap<GroupId, (Route, Instant)>>>,
+}
+
+/// What the replica nodes of a group this node does not host said about it.
+#[derive(Clone, Debug, Default)]
+struct Route {
+    /// The leader of the highest term any of them named.
+    leader: Option<NodeId>,
+    /// The replica nodes that answered (within a second).
+    answering: Vec<NodeId>,
 }
 
 /// Whether and how a request that cannot be served here moves on.
@@ -65,7 +75,7 @@ impl Router {
         }
         let http = http.build().map_err(|e| TlsError::Config(format!("cannot build the forwarding client: {e}")))?;
         let scheme = if tls.is_some() { "https" } else { "http" };
-        Ok(Router { node, http, scheme, leaders: Arc::new(Mutex::new(HashMap::new())) })
+        Ok(Router { node, http, scheme, routes: Arc::new(Mutex::new(HashMap::new())) })
     }
 
     /// The HTTP base URL of a node, from the controller's metadata.
@@ -83,32 +93,55 @@ impl Router {
         if let Some(hosted) = self.node.group(record.group_id) {
             return self.node.leader_node(&hosted);
         }
-        if let Some((node, at)) = self.leaders.lock().ok()?.get(&record.group_id)
-            && at.elapsed() < LEADER_CACHE_TTL
-        {
-            return Some(*node);
+        self.route(record).await.leader
+    }
+
+    /// Where a read of `record` goes from this node, which hosts none of its replicas, best
+    /// first: the leader when its node answers, then the other replica nodes that answer, then
+    /// the rest. Any replica serves a `follower` read, and a `linearizable` or `strict` one
+    /// too (a follower asks the leader for a read index, and waits out an election), so a
+    /// replica that answers beats a leader that is down. Never empty for a partition with
+    /// replicas.
+    pub async fn read_targets(&self, record: &PartitionRecord) -> Vec<NodeId> {
+        let route = self.route(record).await;
+        let mut targets: Vec<NodeId> = route.leader.filter(|l| route.answering.contains(l)).into_iter().collect();
+        for answering in [true, false] {
+            for node in record.replicas.iter().map(|r| r.node_id) {
+                if route.answering.contains(&node) == answering && !targets.contains(&node) {
+                    targets.push(node);
+                }
+            }
         }
-        let leader = self.ask_replicas_for_leader(record).await?;
-        if let Ok(mut cache) = self.leaders.lock() {
-            cache.insert(record.group_id, (leader, Instant::now()));
-        }
-        Some(leader)
+        targets
     }
 
     pub fn forget_leader(&self, group: GroupId) {
-        if let Ok(mut cache) = self.leaders.lock() {
+        if let Ok(mut cache) = self.routes.lock() {
             cache.remove(&group);
         }
     }
 
-    async fn ask_replicas_for_leader(&self, record: &PartitionRecord) -> Option<NodeId> {
+    /// What the replica nodes of `record` say, as cached for [`LEADER_CACHE_TTL`].
+    async fn route(&self, record: &PartitionRecord) -> Route {
+        if let Some((route, at)) = self.routes.lock().ok().and_then(|c| c.get(&record.group_id).cloned())
+            && at.elapsed() < LEADER_CACHE_TTL
+        {
+            return route;
+        }
         let statuses = self.statuses(record.replicas.iter().map(|r| r.node_id)).await;
-        statuses
+        let leader = statuses
             .iter()
             .flat_map(|s| s.groups.iter())
             .filter(|g| g.group_id == record.group_id && g.leader_node != 0)
             .max_by_key(|g| g.term)
-            .map(|g| g.leader_node)
+            .map(|g| g.leader_node);
+        let route = Route { leader, answering: statuses.iter().map(|s| s.node_id).collect() };
+        if leader.is_some()
+            && let Ok(mut cache) = self.routes.lock()
+        {
+            cache.insert(record.group_id, (route.clone(), Instant::now()));
+        }
+        route
     }
 
     /// Status of the given nodes (those that answer within a second).
@@ -139,6 +172,31 @@ impl Router {
             }
         }
         out
+    }
+
+    /// Sends a read on to the first of `targets` that takes it, or answers 421 naming the
+    /// first (503 when a forwarded read reached this node). A target whose node refuses the
+    /// connection was not asked, and a read has no effect, so the next one is tried.
+    pub async fn redirect_read(
+        &self,
+        group: GroupId,
+        targets: &[NodeId],
+        hop: Hop,
+        path_and_query: &str,
+        headers: &HeaderMap,
+    ) -> Result<Response, ApiError> {
+        let mut outcome = Err(ApiError::Unavailable("the partition has no replicas".into()));
+        for &target in targets {
+            outcome = self.redirect(target, hop, Method::GET, path_and_query, headers, bytes::Bytes::new()).await;
+            match &outcome {
+                Err(ApiError::NodeUnreachable(m)) => {
+                    tracing::debug!(target, error = %m, "read goes to the next replica");
+                    self.forget_leader(group);
+                }
+                _ => return outcome,
+            }
+        }
+        outcome
     }
 
     /// Sends the request on to `target`, or answers 421 / 503 when it may not move.

@@ -345,6 +345,71 @@ async fn misdirected(cluster: &Cluster) -> Result<()> {
     Ok(())
 }
 
+/// A node that hosts no replica of a partition sends a read of it to a replica that answers:
+/// with the partition's leader killed (rf 2, so its other replica can never be elected alone),
+/// a `follower` lookup and a `follower` fetch through the outside node are answered by the
+/// surviving replica, and with `forward=false` its 421 names that replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_read_through_a_node_without_the_partition_is_answered_by_a_live_replica_when_the_leader_is_down()
+-> Result<()> {
+    let mut cluster = Cluster::start(NODES).await?;
+    let outcome = read_past_a_dead_leader(&mut cluster).await;
+    cluster.finish(outcome)
+}
+
+async fn read_past_a_dead_leader(cluster: &mut Cluster) -> Result<()> {
+    let topic = "two-replicas";
+    let description = create_topic(cluster, topic, 3, 2).await?;
+    // A partition led by its first replica: the replica a read went to when no leader was known.
+    let p = description
+        .partitions
+        .iter()
+        .find(|p| p.leader.is_some() && p.leader == p.replicas.first().copied())
+        .or_else(|| description.partitions.first())
+        .ok_or_else(|| Error::Check(format!("no partitions: {description:?}")))?;
+    let leader = p.leader.ok_or_else(|| Error::Check(format!("no leader: {description:?}")))?;
+    let survivor = p.replicas.iter().copied().find(|r| *r != leader).ok_or_else(|| Error::Check(format!("{p:?}")))?;
+    let outsider = cluster
+        .node_ids()
+        .into_iter()
+        .find(|id| !p.replicas.contains(id))
+        .ok_or_else(|| Error::Check(format!("every node hosts {p:?}")))?;
+    let key = (0..1000)
+        .map(|i| format!("dl-{i}").into_bytes())
+        .find(|k| kafka_partition(k, 3) == p.partition)
+        .ok_or_else(|| Error::Check("no key of the partition".into()))?;
+    let w = put_ok(cluster, outsider, topic, &key, b"kept").await?;
+    ensure_eq!(w.partition, p.partition, "partition of the written key");
+    // Both replicas applied it before the leader goes.
+    let hit = get(cluster, survivor, topic, &key, &Read::follower().min_offset(w.offset)).await?;
+    expect_hit(&hit, b"kept", w.offset)?;
+
+    cluster.kill(leader)?;
+    let read = get(cluster, outsider, topic, &key, &Read::follower()).await?;
+    expect_hit(&read, b"kept", w.offset)?;
+    ensure_eq!(read.header_u64(HEADER_NODE)?, survivor, "X-Kv-Node of the read: {}", read.summary());
+
+    let fetch_path = format!("/topics/{topic}/partitions/{}/records?offset={}&read=follower", p.partition, w.offset);
+    let fetched = get_url(cluster, &format!("{}{fetch_path}", cluster.url(outsider))).await?;
+    fetched.expect_status(200)?;
+    let page: FetchResponse = fetched.decode()?;
+    ensure!(
+        page.records.first().is_some_and(|r| r.offset == w.offset),
+        "fetch through node {outsider}: {}",
+        fetched.summary()
+    );
+
+    let refused = get(cluster, outsider, topic, &key, &Read::follower().forward(false)).await?;
+    refused.expect_status(421)?;
+    let redirect = refused
+        .header(HEADER_REDIRECT)
+        .ok_or_else(|| Error::Check(format!("421 without X-Kv-Redirect: {}", refused.summary())))?;
+    let followed = get_url(cluster, redirect).await?;
+    expect_hit(&followed, b"kept", w.offset)?;
+    ensure_eq!(followed.header_u64(HEADER_NODE)?, survivor, "X-Kv-Node behind the redirect: {}", followed.summary());
+    Ok(())
+}
+
 /// A batch produce answers one (partition, offset) per record in request order, dense and
 /// increasing per partition, honouring explicit partitions and Kafka's partitioner otherwise;
 /// fetch returns those records with keys, values, headers and tombstones, `next_offset` and
