@@ -127,6 +127,10 @@ impl IntoResponse for ApiError {
         if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
             headers.insert("retry-after", HeaderValue::from_static("1"));
         }
+        if status == StatusCode::UNAUTHORIZED {
+            // RFC 6750: a 401 names the scheme the client must use.
+            headers.insert("www-authenticate", HeaderValue::from_static("Bearer"));
+        }
         if let ApiError::Misdirected { redirect: Some(url), .. } = &self
             && let Ok(v) = HeaderValue::from_str(url)
         {
@@ -158,5 +162,12 @@ mod tests {
         }
         let io = ApiError::from(logdex_raft::Error::Log(logdex_log::Error::Poisoned));
         assert_eq!(io.code(), "internal");
+    }
+
+    #[test]
+    fn unauthorized_names_the_bearer_scheme() {
+        let response = ApiError::Unauthorized.into_response();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(response.headers().get("www-authenticate").map(HeaderValue::as_bytes), Some(&b"Bearer"[..]));
     }
 }
