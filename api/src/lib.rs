@@ -14,6 +14,7 @@ pub mod dev;
 pub mod error;
 pub mod grpc;
 pub mod http;
+pub mod idle;
 pub mod middleware;
 pub mod murmur2;
 pub mod routing;

@@ -12,6 +12,8 @@ use logdex_raft::node::NodeConfig;
 
 use crate::http::AppState;
 use crate::http::Limits;
+use crate::idle::HTTP_IDLE_TIMEOUT;
+use crate::idle::IdleListener;
 use crate::routing::Router;
 use crate::tls::ClientAddr;
 use crate::tls::NodeTls;
@@ -397,10 +399,13 @@ pub async fn start(args: ServeArgs) -> Result<RunningNode, String> {
     let service = app.into_make_service_with_connect_info::<ClientAddr>();
     let http_task = match &tls {
         Some(tls) => {
-            let listener = tls.listener(http_listener);
+            let listener = IdleListener::new(tls.listener(http_listener), HTTP_IDLE_TIMEOUT);
             tokio::spawn(async move { axum::serve(listener, service).with_graceful_shutdown(stopped).await })
         }
-        None => tokio::spawn(async move { axum::serve(http_listener, service).with_graceful_shutdown(stopped).await }),
+        None => {
+            let listener = IdleListener::new(http_listener, HTTP_IDLE_TIMEOUT);
+            tokio::spawn(async move { axum::serve(listener, service).with_graceful_shutdown(stopped).await })
+        }
     };
     let workers = tokio::runtime::Handle::current().metrics().num_workers();
     let tls = tls.is_some();

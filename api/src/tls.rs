@@ -16,6 +16,8 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
+use crate::idle::IdleListener;
+
 /// How long a client has to finish its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Handshakes under way at once on a listener; more connections wait in the kernel's queue.
@@ -186,18 +188,19 @@ impl axum::serve::Listener for TlsListener {
     }
 }
 
-/// The client's address of an HTTP connection, plain or TLS (`ConnectInfo<ClientAddr>`).
+/// The client's address of an HTTP connection, plain or TLS, behind the idle limit
+/// (`ConnectInfo<ClientAddr>`).
 #[derive(Clone, Copy, Debug)]
 pub struct ClientAddr(pub SocketAddr);
 
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TcpListener>> for ClientAddr {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, TcpListener>) -> ClientAddr {
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, IdleListener<TcpListener>>> for ClientAddr {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, IdleListener<TcpListener>>) -> ClientAddr {
         ClientAddr(*stream.remote_addr())
     }
 }
 
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>> for ClientAddr {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> ClientAddr {
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, IdleListener<TlsListener>>> for ClientAddr {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, IdleListener<TlsListener>>) -> ClientAddr {
         ClientAddr(*stream.remote_addr())
     }
 }
