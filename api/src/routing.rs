@@ -64,7 +64,9 @@ impl Router {
         let mut http = reqwest::Client::builder()
             // Forwarded requests leave from the node's own address, as its RPC does.
             .local_address(node.config().rpc_source_ip)
-            .pool_idle_timeout(Duration::from_secs(60))
+            // Well within the idle limit of the nodes' HTTP listeners (`idle::HTTP_IDLE_TIMEOUT`),
+            // so a pooled connection is not taken just as its node closes it.
+            .pool_idle_timeout(crate::idle::HTTP_IDLE_TIMEOUT / 2)
             .tcp_nodelay(true)
             .timeout(Duration::from_secs(30));
         if let Some(tls) = tls {
