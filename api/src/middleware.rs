@@ -150,6 +150,9 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// How axum's text of a query string it cannot read begins.
+const QUERY_REJECTION: &str = "Failed to deserialize query string: ";
+
 /// Rewrites a non-JSON error answer (an extractor rejection, an unknown
 /// route) into the JSON error shape, keeping its status and headers.
 async fn json_error_body(response: Response, body_bytes_max: Option<usize>) -> Response {
@@ -173,6 +176,15 @@ async fn json_error_body(response: Response, body_bytes_max: Option<usize>) -> R
         _ => "error",
     };
     let mut message = String::from_utf8_lossy(&text).into_owned();
+    // axum's query rejection names the parameter after its own prefix: keep the parameter
+    // and the reason, under a code of their own.
+    let code = match message.strip_prefix(QUERY_REJECTION) {
+        Some(rest) if status == StatusCode::BAD_REQUEST => {
+            message = format!("bad query parameter {rest}");
+            "invalid_query"
+        }
+        _ => code,
+    };
     if let (StatusCode::PAYLOAD_TOO_LARGE, Some(limit)) = (status, body_bytes_max) {
         // axum's text says only that a length limit was exceeded.
         message = format!("the request body is over the limit of {limit} bytes");

@@ -76,6 +76,16 @@ async fn bad_parameters_answer_400_with_a_code_that_names_them() -> TestResult {
         let (status, code, _) = error_of(fetch).await?;
         assert_eq!((status, code.as_str()), (400, "invalid_limit"), "{query}");
     }
+    for (path, parameter) in [
+        ("topics/t/partitions/0/records?offset=-1", "offset"),
+        ("topics/t/partitions/0/records?max_records=many", "max_records"),
+        ("kv/t/k?read=follower&min_offset=abc", "min_offset"),
+        ("kv/t/k?forward=bogus", "forward"),
+    ] {
+        let (status, code, message) = error_of(http.get(format!("{url}/{path}")).send().await?).await?;
+        assert_eq!((status, code.as_str()), (400, "invalid_query"), "{path}: {message}");
+        assert!(message.starts_with(&format!("bad query parameter {parameter}: ")), "{path}: {message}");
+    }
 
     for method in [reqwest::Method::GET, reqwest::Method::PUT, reqwest::Method::DELETE] {
         let (status, code, _) = error_of(http.request(method.clone(), format!("{url}/kv/t/")).send().await?).await?;
