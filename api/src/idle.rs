@@ -167,13 +167,18 @@ mod tests {
     #[tokio::test]
     async fn a_read_fails_once_nothing_moved_for_the_limit() -> TestResult {
         let (_client, server) = tokio::io::duplex(64);
+        let since = Instant::now();
         let mut io = IdleIo::new(server, LIMIT);
-        let started = Instant::now();
+        times_out_a_limit_after(&mut io, since).await
+    }
+
+    /// The next read of `io` fails with `TimedOut`, and not before `LIMIT` passed since `since`.
+    async fn times_out_a_limit_after(io: &mut IdleIo<tokio::io::DuplexStream>, since: Instant) -> TestResult {
         let mut buf = [0u8; 8];
         let read = tokio::time::timeout(BOUNDED, io.read(&mut buf)).await?;
         let err = read.err().ok_or("a silent peer's read succeeded")?;
         assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
-        assert!(started.elapsed() >= LIMIT, "failed after {:?}, before the limit", started.elapsed());
+        assert!(since.elapsed() >= LIMIT, "failed {:?} after the last traffic, before the limit", since.elapsed());
         Ok(())
     }
 
@@ -184,18 +189,16 @@ mod tests {
             let mut io = IdleIo::new(server, LIMIT);
             let mut buf = [0u8; 8];
             tokio::time::sleep(LIMIT * 2 / 3).await;
+            // Before the traffic, so the traffic's own record is not earlier than it.
+            let since = Instant::now();
             if reading {
                 client.write_all(b"ab").await?;
                 assert_eq!(io.read(&mut buf).await?, 2);
             } else {
                 io.write_all(b"answer").await?;
             }
-            let moved = Instant::now();
-            let read = tokio::time::timeout(BOUNDED, io.read(&mut buf)).await?;
-            let err = read.err().ok_or("a silent peer's read succeeded")?;
-            assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
             // Timed from the traffic, not from the start (which would fail a third of it later).
-            assert!(moved.elapsed() >= LIMIT, "reading {reading}: failed {:?} after the traffic", moved.elapsed());
+            times_out_a_limit_after(&mut io, since).await?;
         }
         Ok(())
     }
@@ -206,22 +209,20 @@ mod tests {
     async fn the_http_server_closes_a_connection_that_stalls_mid_request() -> TestResult {
         let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = tcp.local_addr()?;
-        let limit = LIMIT;
         let app = axum::Router::new().route("/x", axum::routing::get(|| async { "ok" }));
-        let server = tokio::spawn(async move { axum::serve(IdleListener::new(tcp, limit), app).await });
-        let bounded = BOUNDED;
+        let server = tokio::spawn(async move { axum::serve(IdleListener::new(tcp, LIMIT), app).await });
 
         let mut stalled = tokio::net::TcpStream::connect(addr).await?;
         stalled.write_all(b"GET /x HTTP/1.1\r\nHost: a\r\n").await?;
         let mut rest = Vec::new();
-        let closed = tokio::time::timeout(bounded, stalled.read_to_end(&mut rest)).await;
-        assert!(closed.is_ok(), "a stalled request still held its connection after {bounded:?}");
+        let closed = tokio::time::timeout(BOUNDED, stalled.read_to_end(&mut rest)).await;
+        assert!(closed.is_ok(), "a stalled request still held its connection after {BOUNDED:?}");
 
         let mut served = tokio::net::TcpStream::connect(addr).await?;
         served.write_all(b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n").await?;
         let mut answer = Vec::new();
-        let closed = tokio::time::timeout(bounded, served.read_to_end(&mut answer)).await;
-        assert!(closed.is_ok(), "an idle keep-alive connection was still open after {bounded:?}");
+        let closed = tokio::time::timeout(BOUNDED, served.read_to_end(&mut answer)).await;
+        assert!(closed.is_ok(), "an idle keep-alive connection was still open after {BOUNDED:?}");
         let answer = String::from_utf8_lossy(&answer);
         assert!(answer.starts_with("HTTP/1.1 200 OK") && answer.ends_with("ok"), "{answer}");
         server.abort();
