@@ -938,15 +938,6 @@ async fn check_partitions_led_here(
 
 // ---------------------------------------------------------------- reads
 
-/// Where a read of `record` goes when this node does not host it, best first (never empty).
-async fn read_targets(s: &AppState, record: &PartitionRecord) -> Result<Vec<u64>, ApiError> {
-    let targets = s.router.read_targets(record).await;
-    if targets.is_empty() {
-        return Err(ApiError::Unavailable("partition has no replicas".into()));
-    }
-    Ok(targets)
-}
-
 /// Another replica of `record` to ask when this one's data is damaged: the leader when it is
 /// another node, else the first other replica.
 fn healthy_replica(s: &AppState, record: &PartitionRecord, hosted: &logdex_raft::node::HostedGroup) -> Option<u64> {
@@ -976,7 +967,7 @@ pub(crate) struct LookupRequest<'a> {
 pub(crate) enum Lookup {
     /// By this node's replica of the partition, as of its high watermark.
     Here { partition: u32, high_watermark: u64, read: KeyRead },
-    /// By the first of `targets` that takes it (best first, never empty): this node holds
+    /// By the first of `targets` that takes it (best first): this node holds
     /// no replica of the partition, or its copy of the record is damaged. The caller
     /// forwards the request there or answers 421.
     Elsewhere { group: u64, targets: Vec<u64> },
@@ -996,7 +987,7 @@ pub(crate) async fn lookup(s: &AppState, r: LookupRequest<'_>) -> Result<Lookup,
         return Err(ApiError::TopicNotIndexed(r.topic.name.clone()));
     }
     let Some(hosted) = s.router.node.group(p.group_id) else {
-        return Ok(Lookup::Elsewhere { group: p.group_id, targets: read_targets(s, p).await? });
+        return Ok(Lookup::Elsewhere { group: p.group_id, targets: s.router.read_targets(p).await });
     };
     if let Some(min) = r.min_offset {
         let wait = s.limits.min_offset_wait_max.min(Duration::from_secs(1));
@@ -1024,7 +1015,7 @@ pub(crate) async fn lookup(s: &AppState, r: LookupRequest<'_>) -> Result<Lookup,
                 return Err(e.into());
             };
             let me = s.router.node.node_id();
-            let targets: Vec<u64> = read_targets(s, record).await?.into_iter().filter(|t| *t != me).collect();
+            let targets: Vec<u64> = s.router.read_targets(record).await.into_iter().filter(|t| *t != me).collect();
             if targets.is_empty() {
                 return Err(e.into());
             }
@@ -1175,7 +1166,7 @@ async fn fetch_records(
     let max_bytes = q.max_bytes.unwrap_or(1024 * 1024).clamp(1, s.limits.fetch_bytes_max);
     let hop = hop(&s, &headers, &q);
     let Some(hosted) = s.router.node.group(p.group_id) else {
-        let targets = read_targets(&s, p).await?;
+        let targets = s.router.read_targets(p).await;
         return s.router.redirect_read(p.group_id, &targets, hop, &path_and_query(&uri), &headers).await;
     };
     s.router.node.read_barrier(&hosted, mode).await?;

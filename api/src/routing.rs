@@ -41,7 +41,7 @@ pub struct Router {
 }
 
 /// What the replica nodes of a group this node does not host said about it.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 struct Route {
     /// The leader of the highest term any of them named.
     leader: Option<NodeId>,
@@ -177,7 +177,7 @@ impl Router {
     }
 
     /// Sends a read on to the first of `targets` that takes it, or answers 421 naming the
-    /// first (503 when a forwarded read reached this node). A target whose node refuses the
+    /// first (503 when a forwarded read reached this node, or when there is no target). A target whose node refuses the
     /// connection was not asked, and a read has no effect, so the next one is tried.
     pub async fn redirect_read(
         &self,
