@@ -86,15 +86,6 @@ fn admit(g: &Guard, request: &Request, route: &str) -> Result<(), ApiError> {
     if !open {
         g.check_token(request.headers().get("authorization").and_then(|v| v.to_str().ok()))?;
     }
-    // A body declared over the limit is refused before a byte of it is read.
-    let declared = request.headers().get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok());
-    if let (Some(limit), Some(length)) = (g.body_bytes_max, declared.and_then(|v| v.parse::<u64>().ok()))
-        && length > limit as u64
-    {
-        return Err(ApiError::TooLarge(format!(
-            "the request body of {length} bytes is over the limit of {limit} bytes"
-        )));
-    }
     let forwarded = request.headers().contains_key(crate::routing::FORWARDED_HEADER);
     if route == LOOKUP_ROUTE && request.method() == axum::http::Method::GET && !forwarded {
         let ip = request.extensions().get::<ConnectInfo<crate::tls::ClientAddr>>().map(|c| c.0.0.ip());
