@@ -7,9 +7,10 @@
 #      below the table), noop (the floor: GET /bench/noop, no work, measured after
 #      the load and right before the lookups; once more before the load and after
 #      everything, listed below the table),
-#      get1 (linearizable, strict, follower), getc (linearizable, follower),
-#      get1 and getc again over the gRPC client API (against the floor of the gRPC
-#      no-work call, `Noop`); writes and linearizable lookups go to
+#      get1 (linearizable, strict, follower; each lookup paired with a no-work call
+#      to the same node, `--paired-floor`, the floor of its row), getc (linearizable,
+#      follower), get1 and getc again over the gRPC client API (against the floor of
+#      the gRPC no-work call, `Noop`); writes and linearizable lookups go to
 #      the key's partition leader (`--route leader`, as a Kafka client routes), and once
 #      more to any node (`--route any`, the node forwards; listed below the table); then recovery and rebuild
 #      (a single node of their own with 1,000,000 keys);
@@ -153,9 +154,11 @@ run_logdex load --concurrency "$CONCURRENCY"
 run_logdex load --concurrency "$CONCURRENCY" --topic bench-one-partition --partitions 1 --label logdex-one-partition
 # The floor the lookups are compared with, measured right before them on the same loaded
 # cluster (the nodes' background work after a load, flushes and checkpoints, slows both).
+# get1 pairs each lookup with a no-work call (--paired-floor): the single-client floor moves
+# by a third over a run, so its rows are compared with the calls sent alongside them.
 run_logdex noop --concurrency 1 --requests "$GET1_REQUESTS"
 run_logdex noop --concurrency "$CONCURRENCY" --duration-secs "$DURATION_SECS"
-run_logdex get1 --read linearizable,strict,follower --requests "$GET1_REQUESTS"
+run_logdex get1 --read linearizable,strict,follower --requests "$GET1_REQUESTS" --paired-floor
 run_logdex getc --read linearizable,follower --concurrency "$CONCURRENCY" --duration-secs "$DURATION_SECS"
 # The same lookups over the gRPC client API (served on the RPC ports).
 GRPC_URLS=()
@@ -168,8 +171,8 @@ echo "bench: logdex bench noop/get1/getc --protocol grpc"
   | tee -a "$RESULTS"
 "$LOGDEX" bench noop --protocol grpc --concurrency "$CONCURRENCY" --duration-secs "$DURATION_SECS" \
   "${GRPC_URLS[@]}" --json | tee -a "$RESULTS"
-"$LOGDEX" bench get1 --protocol grpc --read linearizable,follower --requests "$GET1_REQUESTS" "${GRPC_URLS[@]}" \
-  --keys "$KEYS" --value-bytes "$VALUE_BYTES" --json | tee -a "$RESULTS"
+"$LOGDEX" bench get1 --protocol grpc --read linearizable,follower --requests "$GET1_REQUESTS" --paired-floor \
+  "${GRPC_URLS[@]}" --keys "$KEYS" --value-bytes "$VALUE_BYTES" --json | tee -a "$RESULTS"
 "$LOGDEX" bench getc --protocol grpc --read linearizable,follower --concurrency "$CONCURRENCY" \
   --duration-secs "$DURATION_SECS" "${GRPC_URLS[@]}" --keys "$KEYS" --value-bytes "$VALUE_BYTES" --json | tee -a "$RESULTS"
 # The same writes and linearizable lookups from a client that does not know the leaders:

@@ -115,6 +115,14 @@ pub struct BenchArgs {
     /// Per-request timeout in milliseconds (a timed-out request counts as an error).
     #[arg(long, default_value_t = 10_000)]
     pub request_timeout_ms: u64,
+    /// get1: pair each lookup with a no-work call to the same node (the noop of --protocol),
+    /// sent just before or just after it, in turn, and timed apart; each read mode's no-work
+    /// calls are reported as a floor run of their own (`floor` with that read mode). The
+    /// machine's speed drifts over a run, so a floor measured at another moment can be off by
+    /// more than the difference it is compared for; `report` compares each get1 row with its
+    /// paired floor when there is one.
+    #[arg(long)]
+    pub paired_floor: bool,
     /// Print one JSON object per run on stdout instead of a text line.
     #[arg(long)]
     pub json: bool,
@@ -178,6 +186,9 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
     if args.urls.is_empty() {
         return Err("give at least one --url".into());
     }
+    if args.paired_floor && args.workload != Workload::Get1 {
+        return Err("--paired-floor is for get1".into());
+    }
     let concurrency = args.concurrency.unwrap_or(match args.workload {
         Workload::Load | Workload::Getc => 32,
         _ => 1,
@@ -225,7 +236,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
                 warmup_requests: 0,
             };
             let targets = Targets::new(&http, &urls, &args, args.route).await?;
-            runs.push((None, plan, Op::Put { targets }));
+            runs.push((None, plan, Op::Put { targets }, false));
         }
         Workload::Get1 | Workload::Getc => {
             let mut modes = args.read.clone();
@@ -248,12 +259,11 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
                 let query = format!("?read={mode}");
                 let route = if mode == "follower" { Route::Any } else { args.route };
                 let targets = Targets::new(&http, &urls, &args, route).await?;
-                runs.push((Some(mode.clone()), plan, Op::Get { targets, query, mode }));
+                runs.push((Some(mode.clone()), plan, Op::Get { targets, query, mode }, args.paired_floor));
             }
         }
         Workload::Noop => {
-            let op = Op::Noop { urls: urls.iter().map(|u| format!("{u}/bench/noop")).collect() };
-            runs.push((None, bounded(concurrency, Some(20_000), 120, 10), op));
+            runs.push((None, bounded(concurrency, Some(20_000), 120, 10), Op::Noop, false));
         }
         Workload::Report | Workload::Recovery | Workload::Rebuild => unreachable!("returned above"),
     }
@@ -262,24 +272,32 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         .clone()
         .unwrap_or_else(|| if args.workload == Workload::Noop { "floor".into() } else { "logdex".into() });
     let workload = format!("{:?}", args.workload).to_lowercase();
-    for (read, plan, op) in runs {
+    let protocol = (args.protocol == Protocol::Grpc).then(|| "grpc".to_string());
+    for (read, plan, op, paired) in runs {
         let ctx = Arc::new(Ctx {
             http: http.clone(),
             grpc: grpc.clone(),
+            noops: urls.iter().map(|u| format!("{u}/bench/noop")).collect(),
             topic: args.topic.clone(),
             op,
+            paired,
             keys,
             value_bytes: args.value_bytes,
         });
         let progress_name = format!("{workload} {}", read.as_deref().unwrap_or(""));
-        let (stats, elapsed) = drive(&ctx, &plan, progress_name.trim()).await;
+        let (stats, floor, elapsed) = drive(&ctx, &plan, progress_name.trim()).await;
         let routed = matches!(&ctx.op, Op::Put { targets } | Op::Get { targets, .. } if targets.leaders.is_some());
-        let mut report = stats.report(&label, &workload, read, plan.concurrency, elapsed);
-        report.protocol = (args.protocol == Protocol::Grpc).then(|| "grpc".to_string());
+        let mut report = stats.report(&label, &workload, read.clone(), plan.concurrency, elapsed);
+        report.protocol = protocol.clone();
         report.route = routed.then(|| "leader".to_string());
         print_report(&report, args.json)?;
         if report.ok == 0 {
             return Err(format!("no request succeeded: {}", report.first_error.unwrap_or_default()));
+        }
+        if paired {
+            let mut report = floor.report("floor", "noop", read, plan.concurrency, elapsed);
+            report.protocol = protocol.clone();
+            print_report(&report, args.json)?;
         }
     }
     Ok(())
@@ -299,18 +317,29 @@ enum Op {
     Put { targets: Targets },
     /// `GET {prefix}key-%08d?read={mode}` for a uniformly random key.
     Get { targets: Targets, query: String, mode: String },
-    /// `GET {url}` (the no-work handler).
-    Noop { urls: Vec<String> },
+    /// The no-work call.
+    Noop,
 }
 
 struct Ctx {
     http: reqwest::Client,
     /// With `--protocol grpc`: one client per node, in `--url` order.
     grpc: Option<Vec<GrpcClient>>,
+    /// `{url}/bench/noop` of each --url node.
+    noops: Vec<String>,
     topic: String,
     op: Op,
+    /// Each request of `op` is paired with a no-work call to the same node (`--paired-floor`).
+    paired: bool,
     keys: u64,
     value_bytes: usize,
+}
+
+/// One request: which node it goes to, and for a put or a lookup, its key.
+enum Call {
+    Noop { node: usize },
+    Put { node: usize, key: String },
+    Get { node: usize, key: String },
 }
 
 enum Outcome {
@@ -474,7 +503,9 @@ pub(crate) async fn create_topic(
 /// Runs `plan.concurrency` closed-loop clients until the request count or the
 /// duration is reached, after each client's warm-up; returns the merged
 /// statistics and the measured wall time.
-async fn drive(ctx: &Arc<Ctx>, plan: &Plan, name: &str) -> (Stats, Duration) {
+/// Runs `plan`: the statistics of its requests, those of the no-work calls paired with them
+/// (empty unless `ctx.paired`), and the time it took.
+async fn drive(ctx: &Arc<Ctx>, plan: &Plan, name: &str) -> (Stats, Stats, Duration) {
     let limit = plan.requests.unwrap_or(u64::MAX);
     let shared = Arc::new(Shared { next: AtomicU64::new(0), done: AtomicU64::new(0), stop: AtomicBool::new(false) });
     let barrier = Arc::new(tokio::sync::Barrier::new(plan.concurrency + 1));
@@ -483,8 +514,9 @@ async fn drive(ctx: &Arc<Ctx>, plan: &Plan, name: &str) -> (Stats, Duration) {
         let (ctx, shared, barrier) = (ctx.clone(), shared.clone(), barrier.clone());
         let (warmup, duration) = (plan.warmup_requests, plan.duration);
         workers.push(tokio::spawn(async move {
+            let mut unused = (Stats::default(), Stats::default());
             for i in 0..warmup {
-                let _ = one(&ctx, worker, u64::MAX - i).await;
+                exchange(&ctx, worker, u64::MAX - i, &mut unused.0, &mut unused.1).await;
             }
             barrier.wait().await;
             client_loop(&ctx, &shared, worker, limit, Instant::now() + duration).await
@@ -493,10 +525,13 @@ async fn drive(ctx: &Arc<Ctx>, plan: &Plan, name: &str) -> (Stats, Duration) {
     barrier.wait().await;
     let start = Instant::now();
     let progress = progress_task(shared.clone(), name.to_string(), plan.requests, plan.duration, start);
-    let mut stats = Stats::default();
+    let (mut stats, mut floor) = (Stats::default(), Stats::default());
     for w in workers {
         match w.await {
-            Ok(s) => stats.merge(s),
+            Ok((s, f)) => {
+                stats.merge(s);
+                floor.merge(f);
+            }
             Err(e) => stats.error(format!("client task failed: {e}")),
         }
     }
@@ -505,62 +540,98 @@ async fn drive(ctx: &Arc<Ctx>, plan: &Plan, name: &str) -> (Stats, Duration) {
     if let Some(p) = progress {
         let _ = p.await;
     }
-    (stats, elapsed)
+    (stats, floor, elapsed)
 }
 
-async fn client_loop(ctx: &Ctx, shared: &Shared, worker: usize, limit: u64, deadline: Instant) -> Stats {
-    let mut stats = Stats::default();
+async fn client_loop(ctx: &Ctx, shared: &Shared, worker: usize, limit: u64, deadline: Instant) -> (Stats, Stats) {
+    let (mut stats, mut floor) = (Stats::default(), Stats::default());
     while Instant::now() < deadline {
         let seq = shared.next.fetch_add(1, Ordering::Relaxed);
         if seq >= limit {
             break;
         }
-        let t0 = Instant::now();
-        let outcome = one(ctx, worker, seq).await;
-        let latency = t0.elapsed();
-        match outcome {
-            Outcome::Ok => {
-                stats.ok += 1;
-                stats.latency.record(latency);
-            }
-            Outcome::NotFound => {
-                stats.not_found += 1;
-                stats.latency.record(latency);
-            }
-            Outcome::Error(e) => stats.error(e),
-        }
+        exchange(ctx, worker, seq, &mut stats, &mut floor).await;
         shared.done.fetch_add(1, Ordering::Relaxed);
     }
-    stats
+    (stats, floor)
 }
 
-/// One request. `seq` numbers the key of a write and rotates the node asked.
-async fn one(ctx: &Ctx, worker: usize, seq: u64) -> Outcome {
-    let pick = |n: usize| (worker.wrapping_add(seq as usize)) % n;
-    let request = match &ctx.op {
-        Op::Noop { urls } => {
-            if let Some(clients) = &ctx.grpc {
-                return noop_grpc(clients[pick(clients.len())].clone()).await;
-            }
-            ctx.http.get(&urls[pick(urls.len())])
+/// Request `seq` of `worker`, timed into `stats`; when `ctx.paired`, with its no-work call to
+/// the same node timed into `floor`, sent first for even `seq` and second for odd, so that
+/// neither gains from going first (a connection just used, caches just warmed).
+async fn exchange(ctx: &Ctx, worker: usize, seq: u64, stats: &mut Stats, floor: &mut Stats) {
+    let call = plan_call(ctx, worker, seq);
+    let noop = match &call {
+        Call::Put { node, .. } | Call::Get { node, .. } if ctx.paired => Some(Call::Noop { node: *node }),
+        _ => None,
+    };
+    let noop_first = seq.is_multiple_of(2);
+    if let Some(noop) = noop.as_ref().filter(|_| noop_first) {
+        timed(ctx, noop, floor).await;
+    }
+    timed(ctx, &call, stats).await;
+    if let Some(noop) = noop.as_ref().filter(|_| !noop_first) {
+        timed(ctx, noop, floor).await;
+    }
+}
+
+async fn timed(ctx: &Ctx, call: &Call, stats: &mut Stats) {
+    let t0 = Instant::now();
+    let outcome = send(ctx, call).await;
+    let latency = t0.elapsed();
+    match outcome {
+        Outcome::Ok => {
+            stats.ok += 1;
+            stats.latency.record(latency);
         }
+        Outcome::NotFound => {
+            stats.not_found += 1;
+            stats.latency.record(latency);
+        }
+        Outcome::Error(e) => stats.error(e),
+    }
+}
+
+/// Request `seq` of `worker`: `seq` numbers the key of a write and rotates the node asked.
+fn plan_call(ctx: &Ctx, worker: usize, seq: u64) -> Call {
+    let pick = |n: usize| (worker.wrapping_add(seq as usize)) % n;
+    match &ctx.op {
+        Op::Noop => Call::Noop { node: pick(ctx.noops.len()) },
         Op::Put { targets } => {
             let key = format!("key-{:08}", if seq >= ctx.keys { seq % ctx.keys.max(1) } else { seq });
-            let node = targets.node(key.as_bytes(), pick);
+            Call::Put { node: targets.node(key.as_bytes(), pick), key }
+        }
+        Op::Get { targets, .. } => {
+            let key = format!("key-{:08}", rand::rng().random_range(0..ctx.keys.max(1)));
+            Call::Get { node: targets.node(key.as_bytes(), pick), key }
+        }
+    }
+}
+
+async fn send(ctx: &Ctx, call: &Call) -> Outcome {
+    let request = match (call, &ctx.op) {
+        (Call::Noop { node }, _) => {
+            if let Some(clients) = &ctx.grpc {
+                return noop_grpc(clients[*node].clone()).await;
+            }
+            ctx.http.get(&ctx.noops[*node])
+        }
+        (Call::Put { node, key }, Op::Put { targets }) => {
             let mut value = vec![0u8; ctx.value_bytes];
             rand::rng().fill(&mut value[..]);
             if let Some(clients) = &ctx.grpc {
-                return put_grpc(ctx, clients[node].clone(), key, value).await;
+                return put_grpc(ctx, clients[*node].clone(), key.clone(), value).await;
             }
-            ctx.http.put(format!("{}{key}", targets.prefixes[node])).body(value)
+            ctx.http.put(format!("{}{key}", targets.prefixes[*node])).body(value)
         }
-        Op::Get { targets, query, mode } => {
-            let key = format!("key-{:08}", rand::rng().random_range(0..ctx.keys.max(1)));
-            let node = targets.node(key.as_bytes(), pick);
+        (Call::Get { node, key }, Op::Get { targets, query, mode }) => {
             if let Some(clients) = &ctx.grpc {
-                return get_grpc(ctx, clients[node].clone(), key, mode).await;
+                return get_grpc(ctx, clients[*node].clone(), key.clone(), mode).await;
             }
-            ctx.http.get(format!("{}{key}{query}", targets.prefixes[node]))
+            ctx.http.get(format!("{}{key}{query}", targets.prefixes[*node]))
+        }
+        (Call::Put { .. } | Call::Get { .. }, _) => {
+            return Outcome::Error("a put or lookup planned for another workload".into());
         }
     };
     let resp = match request.send().await {
@@ -573,17 +644,14 @@ async fn one(ctx: &Ctx, worker: usize, seq: u64) -> Outcome {
         Ok(b) => b,
         Err(e) => return Outcome::Error(format!("reading the answer: {e}")),
     };
+    let lookup = matches!(call, Call::Get { .. });
     match status.as_u16() {
-        200 => match &ctx.op {
-            Op::Get { .. } if body.len() != ctx.value_bytes => {
-                Outcome::Error(format!("value of {} bytes, expected {}", body.len(), ctx.value_bytes))
-            }
-            _ => Outcome::Ok,
-        },
-        // A missing key; a missing topic (`topic_not_found`) or index is an error.
-        404 if matches!(ctx.op, Op::Get { .. }) && body.windows(KEY_NOT_FOUND.len()).any(|w| w == KEY_NOT_FOUND) => {
-            Outcome::NotFound
+        200 if lookup && body.len() != ctx.value_bytes => {
+            Outcome::Error(format!("value of {} bytes, expected {}", body.len(), ctx.value_bytes))
         }
+        200 => Outcome::Ok,
+        // A missing key; a missing topic (`topic_not_found`) or index is an error.
+        404 if lookup && body.windows(KEY_NOT_FOUND.len()).any(|w| w == KEY_NOT_FOUND) => Outcome::NotFound,
         _ => Outcome::Error(format!("{status}: {}", String::from_utf8_lossy(&body[..body.len().min(200)]))),
     }
 }
@@ -661,12 +729,22 @@ fn render_report(inputs: &[PathBuf]) -> Result<String, String> {
     }
     let find = |pred: &dyn Fn(&RunReport) -> bool| runs.iter().rev().find(|r| pred(r)).cloned();
     // The floor of a row: the no-work call over the row's protocol, with one client or many; a
-    // gRPC row without a gRPC floor is compared with the HTTP one.
+    // gRPC row without a gRPC floor is compared with the HTTP one. A get1 row whose lookups were
+    // paired with no-work calls (`--paired-floor`, a floor run with the row's read mode) is
+    // compared with those.
     let floor = |grpc: bool, many: bool| {
         let of = |protocol: Option<&str>| {
-            find(&|r| r.system == "floor" && (r.concurrency > 1) == many && r.protocol.as_deref() == protocol)
+            find(&|r| {
+                r.system == "floor"
+                    && r.read.is_none()
+                    && (r.concurrency > 1) == many
+                    && r.protocol.as_deref() == protocol
+            })
         };
         if grpc { of(Some("grpc")).or_else(|| of(None)) } else { of(None) }
+    };
+    let paired_floor = |row: &RunReport| {
+        find(&|r| r.system == "floor" && r.read.is_some() && r.read == row.read && r.protocol == row.protocol)
     };
     let is_peer = |system: &str| !system.starts_with("logdex") && !system.starts_with("floor");
     let peer_of = |w: &str| find(&|r| is_peer(&r.system) && r.workload == w);
@@ -723,6 +801,7 @@ fn render_report(inputs: &[PathBuf]) -> Result<String, String> {
                 row(format!("{load}: put p99.9 us"), r.p999_us, None, peer.as_ref().map(|p| p.p999_us), "", None);
             }
             "get1" => {
+                let floor1 = paired_floor(r).or(floor1);
                 let peer = peer_of("get1");
                 let (f50, p50) = (floor1.as_ref().map(|f| f.p50_us), peer.as_ref().map(|p| p.p50_us));
                 let (target, met) = match r.read.as_deref().unwrap_or("") {
@@ -773,7 +852,7 @@ fn render_report(inputs: &[PathBuf]) -> Result<String, String> {
         }
     }
     let floor_runs = runs.iter().filter(|r| r.system.starts_with("floor-") || r.system == "floor");
-    for r in floor_runs.filter(|r| r.system != "floor" || r.protocol.is_some()) {
+    for r in floor_runs.filter(|r| (r.system != "floor" || r.protocol.is_some()) && r.read.is_none()) {
         let protocol = r.protocol.as_ref().map(|p| format!(" [{p}]")).unwrap_or_default();
         out.push_str(&format!(
             "\n{}{protocol} (noop, {} clients): p50 {} us, p99 {} us, {}/s",
@@ -794,6 +873,11 @@ fn render_report(inputs: &[PathBuf]) -> Result<String, String> {
             fmt_num(r.p50_us),
             fmt_num(r.p99_us)
         ));
+    }
+    if runs.iter().any(|r| r.system == "floor" && r.read.is_some()) {
+        out.push_str(
+            "\nget1 rows with a paired floor (--paired-floor) are compared with the no-work calls sent alongside their lookups",
+        );
     }
     let errors: u64 = runs.iter().map(|r| r.errors).sum();
     let not_found: u64 = runs.iter().map(|r| r.not_found).sum();
@@ -887,6 +971,36 @@ mod tests {
             table.contains("| get1 follower [grpc]: p50 us | 150 | 100 |  | 1.50 |"),
             "HTTP floor as before: {table}"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn get1_rows_are_compared_with_their_paired_floor_when_one_was_measured() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("results.jsonl");
+        let run = |system: &str, workload: &str, read: Option<&str>, protocol: Option<&str>, p50: f64| {
+            serde_json::to_string(&RunReport { p50_us: p50, ..run_report(system, workload, read, protocol, 1) })
+        };
+        let lines = [
+            run("floor", "noop", None, None, 100.0)?,
+            run("logdex", "get1", Some("follower"), None, 130.0)?,
+            run("floor", "noop", Some("follower"), None, 120.0)?,
+            run("logdex", "get1", Some("linearizable"), None, 150.0)?,
+            run("logdex", "get1", Some("follower"), Some("grpc"), 160.0)?,
+            run("floor", "noop", Some("follower"), Some("grpc"), 128.0)?,
+        ];
+        std::fs::write(&path, lines.join("\n"))?;
+        let table = render_report(&[path])?;
+        assert!(table.contains("| get1 follower: p50 us | 130 | 120 |  | 1.08 |  | <= 1.3x floor"), "{table}");
+        // A mode without a paired floor keeps the floor measured on its own.
+        assert!(table.contains("| get1 linearizable: p50 us | 150 | 100 |  | 1.50 |"), "{table}");
+        assert!(table.contains("| get1 follower [grpc]: p50 us | 160 | 128 |  | 1.25 |"), "{table}");
+        assert!(
+            !table.contains("(noop, 1 clients): p50 128 us"),
+            "a paired floor is not listed as a floor run: {table}"
+        );
+        assert!(table.contains("compared with the no-work calls sent alongside their lookups"), "{table}");
         Ok(())
     }
 
