@@ -2,7 +2,8 @@
 //! retention leaves and commits it as a trim, so every replica moves its log start at the
 //! same point of the log. Once one node answers 410 for a key past retention, a
 //! linearizable read on every node does, and fetches from offset 0 start at the same offset
-//! everywhere.
+//! everywhere. After `delete.retention.ms`, the leader commits a forget of the removed keys,
+//! and every node answers 404 `key_not_found` for them.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -101,7 +102,37 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
             fetch_starts.iter().all(|s| *s == Some(start)),
             "fetches from 0 start at {fetch_starts:?}, log start {start}"
         );
-        return Ok(());
+        break;
+    }
+
+    // The removed keys are forgotten `delete.retention.ms` after their trim: 404 everywhere.
+    let body = Body::Json(json!({ "config": { "delete.retention.ms": "500" } }));
+    api.request(reqwest::Method::POST, &url, Some(body)).await?.expect_status(200)?;
+    // The old keys went in first, one per offset: the newest removed one is at the log start - 1.
+    let start = log_start(cluster).await?;
+    ensure!(start > 0 && start <= OLD_KEYS as u64, "log start {start}");
+    let newest_removed = format!("o-{}", start - 1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply = api.get(&cluster.url(1), TOPIC, newest_removed.as_bytes(), &Read::linearizable()).await?;
+        if reply.status == 404 {
+            break;
+        }
+        ensure_eq!(reply.status, 410, "{newest_removed} until it is forgotten: {}", reply.summary());
+        ensure!(Instant::now() < deadline, "{newest_removed} was never forgotten");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ensure_eq!(log_start(cluster).await?, start, "no trim after retention was turned off");
+    for node in 1..=3 {
+        for key in (0..OLD_KEYS).map(|k| format!("o-{k}")).chain((0..NEW_KEYS).map(|k| format!("n-{k}"))) {
+            let reply = api.get(&cluster.url(node), TOPIC, key.as_bytes(), &Read::linearizable()).await?;
+            // A key forgotten answers as one never written; the others as before.
+            match reply.status {
+                404 => ensure_eq!(reply.error_code().as_deref(), Some("key_not_found"), "node {node}, {key}"),
+                200 => ensure!(reply.header_u64("x-kv-offset")? >= start, "node {node}, {key}: {}", reply.summary()),
+                _ => ensure!(false, "node {node}, {key} after the forget: {}", reply.summary()),
+            }
+        }
     }
     Ok(())
 }

@@ -2,9 +2,9 @@
 
 use crate::config::IndexConfig;
 use crate::encoding::{
-    DataKey, FIRST_GENERATION, FORMAT_VERSION, Generation, GroupRecord, META_FORMAT_VERSION_KEY, META_GROUP_PREFIX,
-    META_NEXT_GENERATION_KEY, NO_GENERATION, decode_applied, decode_group_meta_key, decode_offset, decode_u32,
-    decode_u64, encode_applied, encode_offset, encode_u32, encode_u64, group_meta_key,
+    DataKey, DataPrefix, FIRST_GENERATION, FORMAT_VERSION, Generation, GroupRecord, META_FORMAT_VERSION_KEY,
+    META_GROUP_PREFIX, META_NEXT_GENERATION_KEY, NO_GENERATION, decode_applied, decode_group_meta_key, decode_offset,
+    decode_u32, decode_u64, encode_applied, encode_offset, encode_u32, encode_u64, group_meta_key,
 };
 use crate::error::{Error, Result, fjall_err};
 use crate::filter::GenerationFilterFactory;
@@ -175,7 +175,40 @@ impl Index {
         }
     }
 
-    /// The group's applied marker; `None` for a group never written or dropped.
+    /// Calls `f` with the key and offset of each entry of `group` whose offset is in `offsets`,
+    /// in key order, over one consistent view (a fjall snapshot); returns how many. Entries
+    /// below the group's cleanup watermark are left out, as lookups answer them `Evicted`.
+    pub fn scan_entries<E: From<Error>>(
+        &self,
+        group: GroupId,
+        offsets: std::ops::Range<Offset>,
+        mut f: impl FnMut(&[u8], Offset) -> std::result::Result<(), E>,
+    ) -> std::result::Result<u64, E> {
+        let shared = self.shard(group);
+        let Some(state) = shared.registry.get(group) else {
+            return Ok(0);
+        };
+        let generation = state.live.load(Ordering::Acquire);
+        if generation == NO_GENERATION {
+            return Ok(0);
+        }
+        let snapshot = shared.db.snapshot();
+        let from = offsets.start.max(state.watermark.load(Ordering::Acquire));
+        let prefix = DataPrefix::new(group, generation);
+        let prefix_len = prefix.as_ref().len();
+        let mut count = 0;
+        for guard in snapshot.prefix(&shared.data, prefix.as_ref()) {
+            let (key, value) = guard.into_inner().map_err(fjall_err("scan", Some(group)))?;
+            let offset = decode_offset(&value).ok_or(Error::CorruptEntry { group, len: value.len() })?;
+            if (from..offsets.end).contains(&offset) {
+                f(&key[prefix_len..], offset)?;
+                count += 1;
+            }
+        }
+        Ok(count)
+    }
+
+    /// The group's applied marker; `None` for a group never written or dropped.    /// The group's applied marker; `None` for a group never written or dropped.
     pub fn applied(&self, group: GroupId) -> Result<Option<AppliedMarker>> {
         let shared = self.shard(group);
         if shared.registry.get(group).is_none() {

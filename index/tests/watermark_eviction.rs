@@ -62,3 +62,31 @@ fn compaction_removes_entries_below_the_watermark() -> TestResult {
     assert_eq!(index.applied(1)?, Some(marker(100)));
     Ok(())
 }
+
+/// `scan_entries` yields the group's entries in an offset range, in key order, without those
+/// below the watermark, deleted keys or other groups' entries, and after a rebuild the new
+/// generation's.
+#[test]
+fn scan_entries_yields_the_live_entries_of_an_offset_range_at_or_above_the_watermark() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let index = open(dir.path())?;
+    index.apply(1, &[put(b"d", 0), put(b"b", 1), put(b"a", 2), put(b"c", 3), put(b"e", 4)], &marker(5))?;
+    index.apply(2, &[put(b"x", 1)], &marker(2))?;
+    index.apply(1, &[common::delete(b"c")], &marker(6))?;
+    index.set_watermark(1, 1)?;
+    let scan = |from, to| -> Result<Vec<(Vec<u8>, u64)>, logdex_index::Error> {
+        let mut seen = Vec::new();
+        let count = index.scan_entries(1, from..to, |key, offset| {
+            seen.push((key.to_vec(), offset));
+            Ok::<(), logdex_index::Error>(())
+        })?;
+        assert_eq!(count as usize, seen.len());
+        Ok(seen)
+    };
+    assert_eq!(scan(0, 4)?, [(b"a".to_vec(), 2), (b"b".to_vec(), 1)], "d is below the watermark, c deleted");
+    assert_eq!(scan(2, 100)?, [(b"a".to_vec(), 2), (b"e".to_vec(), 4)]);
+    assert_eq!(scan(5, 100)?, []);
+    index.rebuild(1, [Ok::<_, std::io::Error>((b"z".to_vec(), 7, false))].into_iter(), &marker(8))??;
+    assert_eq!(scan(0, 100)?, [(b"z".to_vec(), 7)], "the rebuilt generation only");
+    Ok(())
+}

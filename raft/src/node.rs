@@ -1001,6 +1001,7 @@ impl Node {
         let mut stop = self.inner.stop.subscribe();
         let interval = Duration::from_millis(self.inner.config.cleaner_interval_ms);
         let mut compacted_at: HashMap<GroupId, Cleaned> = HashMap::new();
+        let mut trims: HashMap<GroupId, Trims> = HashMap::new();
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}
@@ -1021,6 +1022,23 @@ impl Node {
                     && let Err(e) = self.propose_retention(&g).await
                 {
                     tracing::warn!(group = g.group_id, error = %e, "retention trim failed; retrying next pass");
+                }
+                if g.raft.is_leader() {
+                    let grace = Duration::from_millis(policy.delete_retention_ms);
+                    let due = trims.entry(g.group_id).or_default().due(
+                        &g.partition.tier_manifest(),
+                        std::time::Instant::now(),
+                        grace,
+                    );
+                    if let Some(to) = due
+                        && let Err(e) = self.tier_write(&g, pb::tier_command::Kind::ForgetTo(to)).await
+                    {
+                        tracing::warn!(group = g.group_id, error = %e, "forgetting removed keys failed; retrying next pass");
+                    }
+                } else {
+                    // A leader again later starts timing from then: removed keys are kept longer,
+                    // never shorter.
+                    trims.remove(&g.group_id);
                 }
                 let p = g.partition.clone();
                 let last = compacted_at.get(&g.group_id).copied();
@@ -2092,6 +2110,45 @@ fn leader_of(raft: &Raft) -> Option<(NodeId, ReplicaId)> {
     m.membership_config.membership().get_node(&leader).map(|n| (n.node_id, leader))
 }
 
+/// Trims of a group its leader saw, and when it first saw each: a removed key answers
+/// "removed by retention" (410) for `delete.retention.ms` after its trim, and then the
+/// leader commits a forget up to that trim (`TierCommand` `forget_to`) and it answers "not
+/// found", on every replica alike. Kept in memory by the leader only: a new leader (or one
+/// restarted) times the trims from when it first sees them, so a removed key answers 410
+/// longer, never shorter.
+#[derive(Debug, Default)]
+struct Trims {
+    /// (trim offset, first seen), oldest first, offsets increasing.
+    seen: std::collections::VecDeque<(logdex_log::Offset, std::time::Instant)>,
+}
+
+/// Trims a leader keeps timing per group: a trim seen within `grace / MAX_TRIMS_TIMED` of the
+/// last one timed waits to be timed until that one is forgotten (forgotten up to that much
+/// later).
+const MAX_TRIMS_TIMED: u32 = 64;
+
+impl Trims {
+    /// Notes `manifest`'s trim, and returns the offset to forget up to when a trim is at
+    /// least `grace` old (the newest such).
+    fn due(
+        &mut self,
+        manifest: &crate::tier::Manifest,
+        now: std::time::Instant,
+        grace: Duration,
+    ) -> Option<logdex_log::Offset> {
+        let (trimmed_to, forgotten_to) = (manifest.trimmed_to, manifest.forgotten_to);
+        while self.seen.front().is_some_and(|(to, _)| *to <= forgotten_to) {
+            self.seen.pop_front();
+        }
+        let newer = trimmed_to > forgotten_to && self.seen.back().is_none_or(|(to, _)| trimmed_to > *to);
+        let spaced = self.seen.back().is_none_or(|(_, at)| now.duration_since(*at) >= grace / MAX_TRIMS_TIMED);
+        if newer && spaced {
+            self.seen.push_back((trimmed_to, now));
+        }
+        self.seen.iter().take_while(|(_, at)| now.duration_since(*at) >= grace).last().map(|(to, _)| *to)
+    }
+}
+
 /// What the last compaction pass of a replica found: the sealed bytes after it, and the
 /// timestamp of the oldest tombstone it kept (too new to remove then).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -2254,6 +2311,57 @@ pub use wire::log_id_to_pb;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trim_is_forgotten_once_it_is_older_than_the_grace_and_never_before() {
+        let grace = Duration::from_secs(64);
+        let t0 = std::time::Instant::now();
+        let at = |secs: u64| t0 + Duration::from_secs(secs);
+        let manifest = |trimmed_to, forgotten_to| crate::tier::Manifest {
+            trimmed_to,
+            forgotten_to,
+            ..crate::tier::Manifest::default()
+        };
+        let mut trims = Trims::default();
+        assert_eq!(trims.due(&manifest(0, 0), at(0), grace), None, "nothing trimmed");
+        assert_eq!(trims.due(&manifest(10, 0), at(0), grace), None, "trim to 10 seen at 0 s");
+        assert_eq!(trims.due(&manifest(20, 0), at(5), grace), None, "trim to 20 seen at 5 s");
+        assert_eq!(trims.due(&manifest(20, 0), at(63), grace), None, "10 is 63 s old");
+        assert_eq!(trims.due(&manifest(20, 0), at(64), grace), Some(10), "10 is due, 20 is not");
+        // Until the forget to 10 applies, 10 stays due; then 20 is the next.
+        assert_eq!(trims.due(&manifest(20, 0), at(65), grace), Some(10));
+        assert_eq!(trims.due(&manifest(20, 10), at(66), grace), None, "20 is 61 s old");
+        assert_eq!(trims.due(&manifest(20, 10), at(69), grace), Some(20));
+        assert_eq!(trims.due(&manifest(20, 20), at(70), grace), None, "all forgotten");
+    }
+
+    #[test]
+    fn trims_in_quick_succession_are_timed_from_the_first_and_forgotten_later_never_sooner() {
+        let grace = Duration::from_secs(64);
+        let t0 = std::time::Instant::now();
+        let at = |secs: u64| t0 + Duration::from_secs(secs);
+        let manifest = |trimmed_to, forgotten_to| crate::tier::Manifest {
+            trimmed_to,
+            forgotten_to,
+            ..crate::tier::Manifest::default()
+        };
+        let mut trims = Trims::default();
+        // One trim per 100 ms for 10 s: the timed trims stay at most one per grace/64 = 1 s.
+        for tenth in 0..100u64 {
+            let now = t0 + Duration::from_millis(tenth * 100);
+            assert_eq!(trims.due(&manifest(tenth + 1, 0), now, grace), None);
+        }
+        assert!(trims.seen.len() <= 11, "{} trims timed", trims.seen.len());
+        // The first timed trim is due at 64 s; a trim timed later is not due before its time.
+        assert_eq!(trims.due(&manifest(100, 0), at(64), grace), Some(1));
+        let due = trims.due(&manifest(100, 1), at(70), grace);
+        assert!(due.is_some_and(|to| to < 100), "trims seen after 6 s are not 64 s old at 70 s: {due:?}");
+        // A new leader starts timing afresh: nothing is due before its own grace has passed.
+        let mut fresh = Trims::default();
+        assert_eq!(fresh.due(&manifest(100, 1), at(70), grace), None);
+        assert_eq!(fresh.due(&manifest(100, 1), at(133), grace), None);
+        assert_eq!(fresh.due(&manifest(100, 1), at(134), grace), Some(100));
+    }
 
     #[test]
     fn a_data_directory_refuses_a_node_other_than_its_own() -> std::result::Result<(), Box<dyn std::error::Error>> {

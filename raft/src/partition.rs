@@ -58,6 +58,13 @@ const CHECKPOINT_FILE: &str = "checkpoint.json";
 const INSTALL_FILE: &str = "installing.json";
 /// Applied state and next offset of a snapshot, inside its directory.
 const SNAPSHOT_STATE_FILE: &str = "state.json";
+/// In a snapshot: the index entries of keys whose latest record a trim removed and no forget
+/// reached yet (the snapshot's segments no longer hold those records), so that a replica
+/// installing it answers those keys "removed" as every other replica does (raft/FORMAT.md,
+/// "Removed keys").
+const REMOVED_KEYS_FILE: &str = "removed.keys";
+/// Version byte at the start of [`REMOVED_KEYS_FILE`].
+const REMOVED_KEYS_VERSION: u8 = 1;
 /// Present while the key index may be ahead of the segment log (the log lost a
 /// tail the index had recorded): the index's next offset then. Lookups wait
 /// until the replica re-applied that far.
@@ -68,9 +75,10 @@ const REAPPLY_FILE: &str = "reapply.json";
 pub enum KeyRead {
     /// The live record for the key.
     Found { offset: Offset, record: Record },
-    /// No live record: never written, or tombstoned.
+    /// No live record: never written, tombstoned, or removed by retention and forgotten since
+    /// (`TierCommand` `forget_to`).
     NotFound,
-    /// The key's record was removed by retention.
+    /// The key's record was removed by retention (and not forgotten yet).
     Evicted { offset: Offset },
 }
 
@@ -276,10 +284,10 @@ impl Partition {
         let tier = Tier::new(manifest, cache);
         let partition = Partition::from_parts(group, replica, dir, log_config, log, index, tier);
         partition.batch_bytes_max.store(admitted, Ordering::Relaxed);
-        // A trim whose watermark raise the index lost in a crash (the manifest is durable first).
-        let start = partition.log_start_offset();
-        if start > 0 {
-            partition.index.set_watermark(replica, start)?;
+        // A forget whose watermark raise the index lost in a crash (the manifest is durable first).
+        let forgotten_to = partition.tier_manifest().forgotten_to;
+        if forgotten_to > 0 {
+            partition.index.set_watermark(replica, forgotten_to)?;
         }
         partition.reapply_until.store(reapply_until, Ordering::Release);
         Ok((partition, state))
@@ -329,8 +337,8 @@ impl Partition {
     }
 
     /// Writes a snapshot of the applied state into `staged`: a durable
-    /// checkpoint, hard links of the segment files, and `state.json`.
-    /// The caller must not apply entries meanwhile.
+    /// checkpoint, hard links of the segment files, the tier manifest, the removed keys
+    /// not forgotten yet, and `state.json`. The caller must not apply entries meanwhile.
     pub fn snapshot_to(&self, staged: &Path, state: &AppliedState) -> Result<()> {
         self.checkpoint()?;
         let next_offset = {
@@ -338,7 +346,9 @@ impl Partition {
             log.checkpoint(&staged.join("log"))?;
             log.next_offset()
         };
-        self.manifest().save(staged)?;
+        let manifest = self.tier_manifest();
+        manifest.save(staged)?;
+        write_removed_keys(&self.index, self.replica, &manifest, staged)?;
         let snapshot_state = Checkpoint { state: state.encode(), next_offset };
         self.counters.snapshots_built.fetch_add(1, Ordering::Relaxed);
         write_file_durably(staged, SNAPSHOT_STATE_FILE, &serde_json::to_vec(&snapshot_state).unwrap_or_default())
@@ -356,6 +366,7 @@ impl Partition {
             tracing::error!(group = self.group, replica = self.replica, error = %e, "refusing a snapshot whose segment files fail their checks; this replica's data is unchanged");
             e
         })?;
+        read_removed_keys(snapshot_dir)?;
         if verified != snapshot.next_offset {
             return Err(Error::Corrupted(format!(
                 "snapshot in {} holds offsets up to {verified} but its state says {}",
@@ -387,6 +398,9 @@ impl Partition {
         let _visible = self.visibility.write().map_err(|_| Error::Corrupted("visibility lock poisoned".into()))?;
         let (new_log, state, manifest) =
             install_files(self.replica, &self.dir, &self.log_config, &self.index, snapshot_dir, &self.tier.cache)?;
+        if manifest.forgotten_to > 0 {
+            self.index.set_watermark(self.replica, manifest.forgotten_to)?;
+        }
         *self.tier.manifest.write().map_err(|_| Error::Corrupted("tier manifest lock poisoned".into()))? = manifest;
         self.high_watermark.store(new_log.next_offset(), Ordering::Release);
         self.reapply_until.store(0, Ordering::Release);
@@ -628,7 +642,11 @@ impl Partition {
     fn read_found(&self, key: &[u8], lookup: Lookup) -> Result<KeyRead> {
         match lookup {
             Lookup::NotFound => Ok(KeyRead::NotFound),
-            Lookup::Evicted(offset) => Ok(KeyRead::Evicted { offset }),
+            // Below the index's cleanup watermark: forgotten (`TierCommand` `forget_to`), as
+            // on a replica whose index compaction already dropped the entry.
+            Lookup::Evicted(_) => Ok(KeyRead::NotFound),
+            // Below the last trim, even where a segment straddling it still holds the record.
+            Lookup::Found(offset) if offset < self.manifest().trimmed_to => Ok(KeyRead::Evicted { offset }),
             Lookup::Found(offset) => {
                 let log = self.log.read().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
                 // `fill`: the record came from the segment log, and the cache may keep it.
@@ -747,10 +765,10 @@ impl Partition {
         Ok(records)
     }
 
-    /// Applies a committed tiered-storage command: records a copied segment, or trims
-    /// remote segments past retention (their cached copies go, and the index's cleanup
-    /// watermark follows the new start). The manifest is saved before it changes here, so
-    /// an applied command survives a crash.
+    /// Applies a committed tiered-storage command: records a copied segment, trims
+    /// segments past retention (local and remote; their cached copies go), or forgets the
+    /// index entries below an earlier trim (the index's cleanup watermark follows). The
+    /// manifest is saved before it changes here, so an applied command survives a crash.
     pub fn apply_tier(&self, command: &pb::TierCommand, log_index: u64) -> Result<()> {
         let mut manifest =
             self.tier.manifest.write().map_err(|_| Error::Corrupted("tier manifest lock poisoned".into()))?;
@@ -777,9 +795,19 @@ impl Partition {
                     .map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?
                     .delete_before(*to)?;
                 self.tier.cache.forget_below(*to)?;
-                let start = self.log_start_offset();
-                if start > 0 {
-                    self.index.set_watermark(self.replica, start)?;
+            }
+            Some(pb::tier_command::Kind::ForgetTo(to)) => {
+                let mut next = manifest.clone();
+                next.forget(*to);
+                if next != *manifest {
+                    next.save(&self.dir)?;
+                    *manifest = next;
+                }
+                let forgotten_to = manifest.forgotten_to;
+                drop(manifest);
+                // Also when re-applied after a crash: the watermark follows the manifest.
+                if forgotten_to > 0 {
+                    self.index.set_watermark(self.replica, forgotten_to)?;
                 }
             }
             None => {}
@@ -1072,7 +1100,10 @@ fn install_files(
     let manifest = Manifest::load(snapshot_dir)?;
     manifest.save(dir)?;
     let marker = AppliedMarker { state: snapshot.state.clone(), next_offset: snapshot.next_offset };
-    let keys = index.rebuild(replica, keyed_records(&log, &manifest, cache), &marker)??;
+    // The removed keys first: their offsets are below every record the segments hold, and no
+    // key is among both (its index entry would point at the newer record).
+    let removed = read_removed_keys(snapshot_dir)?.into_iter().map(|(key, offset)| Ok((key, offset, false)));
+    let keys = index.rebuild(replica, removed.chain(keyed_records(&log, &manifest, cache)), &marker)??;
     index.persist_group(replica)?;
     write_file_durably(dir, CHECKPOINT_FILE, &bytes)?;
     remove_file_durably(dir, REAPPLY_FILE)?;
@@ -1083,6 +1114,74 @@ fn install_files(
     }
     tracing::info!(replica, keys, next_offset = snapshot.next_offset, "snapshot installed; index rebuilt from the log");
     Ok((log, AppliedState::decode(&snapshot.state)?, manifest))
+}
+
+/// Writes [`REMOVED_KEYS_FILE`] into `staged`: the replica's index entries at or above the
+/// manifest's forget and below its trim, durably. Returns how many.
+fn write_removed_keys(index: &Index, replica: ReplicaId, manifest: &Manifest, staged: &Path) -> Result<u64> {
+    use std::io::Write;
+    struct Out {
+        file: std::io::BufWriter<std::fs::File>,
+        crc: u32,
+    }
+    impl Out {
+        fn put(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+            self.crc = crc32c::crc32c_append(self.crc, bytes);
+            self.file.write_all(bytes)
+        }
+    }
+    let mut out = Out { file: std::io::BufWriter::new(std::fs::File::create(staged.join(REMOVED_KEYS_FILE))?), crc: 0 };
+    out.put(&[REMOVED_KEYS_VERSION])?;
+    let range = manifest.forgotten_to..manifest.trimmed_to;
+    let count = index.scan_entries(replica, range, |key, offset| -> Result<()> {
+        let len =
+            u32::try_from(key.len()).map_err(|_| Error::Corrupted(format!("index key of {} bytes", key.len())))?;
+        out.put(&len.to_be_bytes())?;
+        out.put(key)?;
+        out.put(&offset.to_be_bytes())?;
+        Ok(())
+    })?;
+    let crc = out.crc;
+    out.file.write_all(&crc.to_be_bytes())?;
+    out.file.into_inner().map_err(std::io::IntoInnerError::into_error)?.sync_all()?;
+    Ok(count)
+}
+
+/// The entries of a snapshot's [`REMOVED_KEYS_FILE`] (none when it has no such file: a
+/// snapshot of an older node); an error when the file is damaged.
+fn read_removed_keys(snapshot_dir: &Path) -> Result<Vec<(Vec<u8>, Offset)>> {
+    let path = snapshot_dir.join(REMOVED_KEYS_FILE);
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let corrupt = |what: &str| Error::Corrupted(format!("{}: {what}", path.display()));
+    let Some((body, trailer)) = bytes.split_last_chunk::<4>() else {
+        return Err(corrupt("shorter than its checksum"));
+    };
+    if crc32c::crc32c(body) != u32::from_be_bytes(*trailer) {
+        return Err(corrupt("checksum mismatch"));
+    }
+    let Some((&version, mut rest)) = body.split_first() else {
+        return Err(corrupt("no version byte"));
+    };
+    if version != REMOVED_KEYS_VERSION {
+        return Err(corrupt(&format!("version {version} (this build reads {REMOVED_KEYS_VERSION})")));
+    }
+    let mut entries = Vec::new();
+    while !rest.is_empty() {
+        let (len, after) = rest.split_first_chunk::<4>().ok_or_else(|| corrupt("truncated key length"))?;
+        let len = u32::from_be_bytes(*len) as usize;
+        if after.len() < len + 8 {
+            return Err(corrupt("truncated entry"));
+        }
+        let (key, after) = after.split_at(len);
+        let (offset, after) = after.split_first_chunk::<8>().ok_or_else(|| corrupt("truncated offset"))?;
+        entries.push((key.to_vec(), u64::from_be_bytes(*offset)));
+        rest = after;
+    }
+    Ok(entries)
 }
 
 /// The latest point whose applied state is known that the log still holds:

@@ -5,7 +5,8 @@
 //! `state.json` (applied log id, membership, next offset); a controller
 //! snapshot is a copy of the controller state file. The key index is not in a
 //! snapshot: the receiver rebuilds it from the segments, so its coverage is
-//! complete (DESIGN.md I3).
+//! complete (DESIGN.md I3), and from `removed.keys`, the entries of keys whose
+//! records retention removed and that no forget reached yet.
 //!
 //! Layout under a store's root: `<id>/` committed snapshots (with `meta.json`
 //! written last), `CURRENT` naming the latest, `<id>.tmp/` and `incoming-*`

@@ -128,11 +128,18 @@ pub struct Manifest {
     /// trimmed objects.
     #[serde(default)]
     pub trimmed_at: u64,
+    /// Offset of the last forget (`TierCommand` `forget_to`, never above `trimmed_to`): the
+    /// key index's cleanup watermark. A key whose entry is below it answers "not found"; one
+    /// whose entry is at or above it and below the log start answers "removed". Both are
+    /// committed, so every replica that holds an entry answers alike, whenever its index
+    /// compactions drop the entries below the watermark.
+    #[serde(default)]
+    pub forgotten_to: Offset,
 }
 
 impl Default for Manifest {
     fn default() -> Manifest {
-        Manifest { version: MANIFEST_VERSION, segments: Vec::new(), trimmed_to: 0, trimmed_at: 0 }
+        Manifest { version: MANIFEST_VERSION, segments: Vec::new(), trimmed_to: 0, trimmed_at: 0, forgotten_to: 0 }
     }
 }
 
@@ -221,6 +228,12 @@ impl Manifest {
         self.trimmed_at = self.trimmed_at.max(log_index);
         let keep = self.segments.partition_point(|s| s.next_offset <= to);
         self.segments.drain(..keep).collect()
+    }
+
+    /// Records a forget up to `to`, never past the last trim (a forget committed before a
+    /// trim it names cannot hide a record that is still readable).
+    pub fn forget(&mut self, to: Offset) {
+        self.forgotten_to = self.forgotten_to.max(to.min(self.trimmed_to));
     }
 
     pub fn size_bytes(&self) -> u64 {

@@ -1,7 +1,8 @@
 //! Retention committed as a trim: the leader computes the start offset retention leaves in
 //! its own log; every replica applies the same trim, whatever its own segment boundaries,
 //! and then answers alike: keys below the trim are removed (410), fetches start at it, and
-//! so after a restart.
+//! so after a restart. Removed keys answer 410 whatever the replica's index compactions did,
+//! until a committed forget, and 404 from then on.
 
 use std::path::Path;
 
@@ -153,5 +154,118 @@ fn a_replica_whose_index_is_behind_a_trim_that_emptied_its_log_opens_and_reappli
     apply(&p, 20)?;
     let (read, _) = p.read_key_at(b"k20")?;
     assert!(matches!(read, KeyRead::Found { offset: 20, .. }), "a write after the trim lands at offset 20: {read:?}");
+    Ok(())
+}
+
+fn read_all(p: &Partition) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    let mut answers = Vec::new();
+    for i in 0..RECORDS {
+        let (read, _) = p.read_key_at(format!("k{i}").as_bytes())?;
+        answers.push(match read {
+            KeyRead::Found { offset, .. } => format!("found {offset}"),
+            KeyRead::Evicted { offset } => format!("removed {offset}"),
+            KeyRead::NotFound => "not found".to_string(),
+        });
+    }
+    Ok(answers)
+}
+
+/// The answers expected with the log trimmed to `cut` and forgotten to `forgotten`.
+fn expected(cut: u64, forgotten: u64) -> Vec<String> {
+    (0..RECORDS)
+        .map(|i| match i {
+            i if i < forgotten => "not found".to_string(),
+            i if i < cut => format!("removed {i}"),
+            i => format!("found {i}"),
+        })
+        .collect()
+}
+
+#[test]
+fn removed_keys_answer_removed_on_every_replica_until_a_committed_forget_then_not_found() -> TestResult {
+    let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let config = LogConfig { segment_bytes: 500, ..LogConfig::default() };
+    let index_b = Index::open(&dir_b.path().join("index"), IndexConfig::default())?;
+    let a = open(dir_a.path(), config.clone())?;
+    let (b, _) = Partition::open(3, 1 << 20, &dir_b.path().join("partition"), config.clone(), index_b.clone())?;
+    for i in 0..RECORDS {
+        for p in [&a, &b] {
+            let mut batch = [logdex_log::encode_batch(&[common::record(i, RECORDS)], Compression::None)?];
+            p.apply_batches(&mut batch, &common::applied(i + 1), 0)?;
+        }
+    }
+    let cut = 30;
+    let trim = pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(cut)) };
+    for p in [&a, &b] {
+        p.apply_tier(&trim, RECORDS + 1)?;
+    }
+    // One replica's index compacts everything (its filter runs over every entry); the
+    // other's does not: they answer alike.
+    index_b.compact()?;
+    assert_eq!(read_all(&a)?, expected(cut, 0), "replica a after the trim");
+    assert_eq!(read_all(&b)?, expected(cut, 0), "replica b after the trim and a full index compaction");
+
+    // A forget names at most the last trim: one past it forgets up to the trim only.
+    let forget = |to| pb::TierCommand { kind: Some(pb::tier_command::Kind::ForgetTo(to)) };
+    for p in [&a, &b] {
+        p.apply_tier(&forget(20), RECORDS + 2)?;
+    }
+    assert_eq!(read_all(&a)?, expected(cut, 20), "replica a after a forget to 20");
+    index_b.compact()?;
+    assert_eq!(read_all(&b)?, expected(cut, 20), "replica b after a forget to 20 and a compaction");
+    for p in [&a, &b] {
+        p.apply_tier(&forget(RECORDS), RECORDS + 3)?;
+        assert_eq!(p.tier_manifest().forgotten_to, cut, "forgotten to the trim, not past it");
+    }
+    assert_eq!(read_all(&a)?, expected(cut, cut), "replica a after a forget past the trim");
+    assert_eq!(read_all(&b)?, expected(cut, cut), "replica b after a forget past the trim");
+
+    drop((b, index_b));
+    let b = open(dir_b.path(), config)?;
+    assert_eq!(read_all(&b)?, expected(cut, cut), "replica b after a restart");
+    Ok(())
+}
+
+/// A replica that installs a snapshot taken after a trim answers the removed keys as the
+/// replica it came from does (the snapshot carries their index entries, which its segments
+/// cannot give), before and after a forget; a damaged removed-keys file refuses the snapshot.
+#[test]
+fn a_replica_installing_a_snapshot_answers_removed_keys_as_its_source_does() -> TestResult {
+    let (dir_a, dir_c) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let config = LogConfig { segment_bytes: 500, ..LogConfig::default() };
+    let a = open(dir_a.path(), config.clone())?;
+    for i in 0..RECORDS {
+        let mut batch = [logdex_log::encode_batch(&[common::record(i, RECORDS)], Compression::None)?];
+        a.apply_batches(&mut batch, &common::applied(i + 1), 0)?;
+    }
+    let cut = 30;
+    a.apply_tier(&pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(cut)) }, RECORDS + 1)?;
+    let snapshot = |name: &str| -> Result<std::path::PathBuf, Box<dyn std::error::Error>> {
+        let staged = dir_a.path().join(name);
+        std::fs::create_dir_all(&staged)?;
+        a.snapshot_to(&staged, &common::applied(RECORDS + 1))?;
+        Ok(staged)
+    };
+    let c = open(dir_c.path(), config.clone())?;
+    c.install_snapshot(&snapshot("after-trim")?)?;
+    assert_eq!(read_all(&c)?, expected(cut, 0), "installed after the trim");
+    assert_eq!(read_all(&c)?, read_all(&a)?);
+
+    a.apply_tier(&pb::TierCommand { kind: Some(pb::tier_command::Kind::ForgetTo(20)) }, RECORDS + 2)?;
+    let after_forget = snapshot("after-forget")?;
+    c.install_snapshot(&after_forget)?;
+    assert_eq!(read_all(&c)?, expected(cut, 20), "installed after a forget to 20");
+    assert_eq!(c.tier_manifest().forgotten_to, 20);
+    drop(c);
+    let c = open(dir_c.path(), config)?;
+    assert_eq!(read_all(&c)?, expected(cut, 20), "after a restart");
+
+    let removed = after_forget.join("removed.keys");
+    let mut bytes = std::fs::read(&removed)?;
+    bytes[6] ^= 0x40;
+    std::fs::write(&removed, bytes)?;
+    let refused = c.install_snapshot(&after_forget).err().ok_or("a damaged removed-keys file was installed")?;
+    assert!(refused.to_string().contains("removed.keys: checksum mismatch"), "{refused}");
+    assert_eq!(read_all(&c)?, expected(cut, 20), "the replica is unchanged");
     Ok(())
 }
