@@ -126,7 +126,11 @@ pub fn app(state: AppState) -> AxumRouter {
 
 // ---------------------------------------------------------------- topics
 
+// Request bodies refuse fields they do not know (400 `invalid_json` naming the field and the
+// known ones): a misspelt `partitons` would otherwise create a topic of one partition.
+
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct CreateTopicBody {
     name: String,
     #[serde(default = "default_partitions")]
@@ -355,6 +359,7 @@ async fn alter_topic_config(
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
     struct Alter {
         config: BTreeMap<String, Value>,
     }
@@ -389,6 +394,7 @@ async fn move_partition(
 ) -> Result<Response, ApiError> {
     let partition = partition_number(&partition)?;
     #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
     struct Move {
         replicas: Vec<u64>,
     }
@@ -663,6 +669,7 @@ async fn delete_key(
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ProduceBody {
     records: Vec<ProduceRecord>,
     #[serde(default)]
@@ -670,6 +677,7 @@ struct ProduceBody {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ProduceRecord {
     #[serde(default)]
     key: Option<String>,

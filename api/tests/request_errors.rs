@@ -125,6 +125,24 @@ async fn bad_parameters_answer_400_with_a_code_that_names_them() -> TestResult {
     assert!(message.contains("JSON object"), "{message}");
     assert_eq!(http.get(format!("{url}/topics/u")).send().await?.status(), 404, "no topic from an array");
 
+    // A field a body does not know is refused by name, not dropped: a misspelt `partitions`
+    // would otherwise create a topic of one partition.
+    for (path, body, field) in [
+        ("topics", json!({"name": "u", "partitons": 3}), "partitons"),
+        ("topics/t/config", json!({"configs": {"retention.ms": "1000"}}), "configs"),
+        ("topics/t/partitions/0/replicas", json!({"replicas": [1], "force": true}), "force"),
+        ("topics/t/records", json!({"records": [], "encodng": "utf8"}), "encodng"),
+        ("topics/t/records", json!({"records": [{"key": "u", "valu": "v"}]}), "valu"),
+    ] {
+        let method = if path.ends_with("replicas") { reqwest::Method::PUT } else { reqwest::Method::POST };
+        let (status, code, message) =
+            error_of(http.request(method, format!("{url}/{path}")).json(&body).send().await?).await?;
+        assert_eq!((status, code.as_str()), (400, "invalid_json"), "{path} with {field}: {message}");
+        assert!(message.contains(&format!("unknown field `{field}`")), "{path}: {message}");
+    }
+    assert_eq!(http.get(format!("{url}/topics/u")).send().await?.status(), 404, "no topic from a misspelt field");
+    assert_eq!(http.get(format!("{url}/kv/t/u")).send().await?.status(), 404, "no record from a misspelt field");
+
     let wrong_method = http.post(format!("{url}/kv/t/k")).body("v").send().await?;
     let allow = wrong_method.headers().get("allow").and_then(|v| v.to_str().ok()).map(str::to_string);
     let (status, code, message) = error_of(wrong_method).await?;
