@@ -31,15 +31,20 @@ pub enum Command {
     },
     /// Write a value for a key (value `-` reads it from stdin).
     Put {
+        /// Topic name.
         topic: String,
+        /// Key (UTF-8 text; its partition is Kafka's murmur2 of its bytes).
         key: String,
+        /// Value (UTF-8 text), or `-` to read it from stdin (any bytes).
         value: String,
         #[command(flatten)]
         target: Target,
     },
     /// Read the latest value of a key (value on stdout; metadata on stderr with -v).
     Get {
+        /// Topic name.
         topic: String,
+        /// Key (UTF-8 text; its partition is Kafka's murmur2 of its bytes).
         key: String,
         /// Read mode: linearizable, strict or follower.
         #[arg(long, default_value = "linearizable")]
@@ -52,7 +57,9 @@ pub enum Command {
     },
     /// Delete a key (writes a tombstone).
     Del {
+        /// Topic name.
         topic: String,
+        /// Key (UTF-8 text; its partition is Kafka's murmur2 of its bytes).
         key: String,
         #[command(flatten)]
         target: Target,
@@ -60,6 +67,7 @@ pub enum Command {
     /// Produce records from stdin, one per line: `key<TAB>value` (a line without a tab has no key);
     /// `--json`: the server's answer to each request (its records' offsets), one JSON line each.
     Produce {
+        /// Topic name.
         topic: String,
         /// Records per request.
         #[arg(long, default_value_t = 500)]
@@ -72,9 +80,12 @@ pub enum Command {
     /// are not printable text, `\N` for none (no key, a tombstone); `--json`: the fetch API's
     /// records, with the page's `encoding` on each.
     Consume {
+        /// Topic name.
         topic: String,
+        /// Partition to read.
         #[arg(long, default_value_t = 0)]
         partition: u32,
+        /// First offset to read (one below the log start reads from the log start).
         #[arg(long, default_value_t = 0)]
         offset: u64,
         /// Stop after this many records.
@@ -88,9 +99,12 @@ pub enum Command {
     },
     /// Move a partition's replicas to the given nodes (comma-separated ids); the leader stays where it is while it remains a replica.
     Move {
+        /// Topic name.
         topic: String,
+        /// Partition to move.
         partition: u32,
-        #[arg(value_delimiter = ',')]
+        /// Node ids of the new replicas, comma- or space-separated.
+        #[arg(value_delimiter = ',', required = true)]
         nodes: Vec<u64>,
         #[command(flatten)]
         target: Target,
@@ -106,7 +120,9 @@ pub enum Command {
 pub enum TopicCommand {
     /// Create a topic.
     Create {
+        /// Topic name.
         name: String,
+        /// Partitions of the topic.
         #[arg(long, default_value_t = 1)]
         partitions: u32,
         /// Replicas per partition [default: the server's, 3, or one per node when the cluster has fewer]
@@ -119,12 +135,21 @@ pub enum TopicCommand {
     /// List topics.
     List,
     /// Show partitions, replicas, leaders and offsets of a topic.
-    Describe { name: String },
-    /// Delete a topic and its data on every node.
-    Delete { name: String },
-    /// Change topic config (key=value, repeatable).
-    Alter {
+    Describe {
+        /// Topic name.
         name: String,
+    },
+    /// Delete a topic and its data on every node.
+    Delete {
+        /// Topic name.
+        name: String,
+    },
+    /// Change topic config: `--config key=value`, repeatable; the keys given replace their
+    /// values, the others stay.
+    Alter {
+        /// Topic name.
+        name: String,
+        /// Topic config as key=value, repeatable (e.g. retention.ms=3600000).
         #[arg(long = "config", value_parser = parse_kv, required = true)]
         config: Vec<(String, String)>,
     },
@@ -132,10 +157,11 @@ pub enum TopicCommand {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Target {
-    /// Any node's HTTP URL.
+    /// Any node's HTTP URL (`http://` is assumed when it names no scheme).
     #[arg(long, env = "LOGDEX_URL", default_value = "http://127.0.0.1:8080", global = true)]
     pub url: String,
-    /// Print the server's JSON instead of a table.
+    /// Print the server's JSON answer instead of a table (`get` prints the value either way;
+    /// its metadata is on stderr with -v).
     #[arg(long, global = true)]
     pub json: bool,
     /// Bearer token for a node started with --auth-token-file.

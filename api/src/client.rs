@@ -53,6 +53,13 @@ impl Answer {
     }
 }
 
+/// `url` without a trailing `/`, with `http://` in front when it names no scheme
+/// (`127.0.0.1:8080`).
+fn base_url(url: &str) -> String {
+    let url = url.trim_end_matches('/');
+    if url.contains("://") { url.to_string() } else { format!("http://{url}") }
+}
+
 impl Client {
     fn new(target: &Target) -> Result<Client, String> {
         let mut http = reqwest::Client::builder().timeout(REQUEST_TIMEOUT);
@@ -63,7 +70,7 @@ impl Client {
             }
         }
         let http = http.build().map_err(|e| e.to_string())?;
-        Ok(Client { http, base: target.url.trim_end_matches('/').to_string(), token: target.token.clone() })
+        Ok(Client { http, base: base_url(&target.url), token: target.token.clone() })
     }
 
     /// Sends the request, following a 421's `X-Kv-Redirect` (the node that can serve it, as
@@ -565,6 +572,14 @@ fn cause_of(e: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_url_without_a_scheme_is_taken_as_http() {
+        assert_eq!(base_url("127.0.0.1:8080"), "http://127.0.0.1:8080");
+        assert_eq!(base_url("localhost:8080/"), "http://localhost:8080");
+        assert_eq!(base_url("https://node-1:8443/"), "https://node-1:8443");
+        assert_eq!(base_url("http://127.0.0.1:8081"), "http://127.0.0.1:8081");
+    }
 
     #[test]
     fn a_split_batch_keeps_each_keys_partition_and_the_order_and_the_keyless_records_together() {
