@@ -24,6 +24,7 @@ use clap::Args;
 use clap::ValueEnum;
 use rand::Rng;
 
+use crate::bench_measure::Outcome;
 pub use crate::bench_measure::RunReport;
 use crate::bench_measure::Shared;
 use crate::bench_measure::Stats;
@@ -342,12 +343,6 @@ enum Call {
     Get { node: usize, key: String },
 }
 
-enum Outcome {
-    Ok,
-    NotFound,
-    Error(String),
-}
-
 /// Which node each request of load, get1 and getc goes to.
 struct Targets {
     /// `{url}/kv/{topic}/` of each --url node (over HTTP).
@@ -578,18 +573,7 @@ async fn exchange(ctx: &Ctx, worker: usize, seq: u64, stats: &mut Stats, floor: 
 async fn timed(ctx: &Ctx, call: &Call, stats: &mut Stats) {
     let t0 = Instant::now();
     let outcome = send(ctx, call).await;
-    let latency = t0.elapsed();
-    match outcome {
-        Outcome::Ok => {
-            stats.ok += 1;
-            stats.latency.record(latency);
-        }
-        Outcome::NotFound => {
-            stats.not_found += 1;
-            stats.latency.record(latency);
-        }
-        Outcome::Error(e) => stats.error(e),
-    }
+    stats.record(outcome, t0.elapsed());
 }
 
 /// Request `seq` of `worker`: `seq` numbers the key of a write and rotates the node asked.

@@ -90,7 +90,25 @@ pub struct Stats {
     pub latency: Histogram,
 }
 
+/// How one request ended.
+pub enum Outcome {
+    Ok,
+    /// A lookup of a key that is not there (timed, as a hit is).
+    NotFound,
+    Error(String),
+}
+
 impl Stats {
+    /// Counts a request that ended with `outcome` after `latency` (an error is not timed).
+    pub fn record(&mut self, outcome: Outcome, latency: Duration) {
+        match outcome {
+            Outcome::Ok => self.ok += 1,
+            Outcome::NotFound => self.not_found += 1,
+            Outcome::Error(e) => return self.error(e),
+        }
+        self.latency.record(latency);
+    }
+
     pub fn error(&mut self, e: String) {
         self.errors += 1;
         self.first_error.get_or_insert(e);

@@ -26,6 +26,7 @@ use rand::Rng;
 #[path = "../../api/src/bench_measure.rs"]
 mod bench_measure;
 
+use bench_measure::Outcome;
 use bench_measure::Shared;
 use bench_measure::Stats;
 use bench_measure::print_report;
@@ -208,12 +209,6 @@ struct Ctx {
     timeout: Duration,
 }
 
-enum Outcome {
-    Ok,
-    NotFound,
-    Error(String),
-}
-
 async fn drive(ctx: &Arc<Ctx>, plan: &Plan, name: &str) -> (Stats, Duration) {
     let limit = plan.requests.unwrap_or(u64::MAX);
     let shared = Arc::new(Shared { next: AtomicU64::new(0), done: AtomicU64::new(0), stop: AtomicBool::new(false) });
@@ -257,18 +252,7 @@ async fn client_loop(ctx: &Ctx, shared: &Shared, worker: usize, limit: u64, dead
         }
         let t0 = Instant::now();
         let outcome = one(ctx, worker, seq).await;
-        let latency = t0.elapsed();
-        match outcome {
-            Outcome::Ok => {
-                stats.ok += 1;
-                stats.latency.record(latency);
-            }
-            Outcome::NotFound => {
-                stats.not_found += 1;
-                stats.latency.record(latency);
-            }
-            Outcome::Error(e) => stats.error(e),
-        }
+        stats.record(outcome, t0.elapsed());
         shared.done.fetch_add(1, Ordering::Relaxed);
     }
     stats

@@ -1,4 +1,5 @@
-//! Bounded polling, transient-failure retries, and the random seed of a test.
+//! Bounded polling, transient-failure retries, the random seed of a test, and runs of the
+//! logdex command line.
 
 use std::future::Future;
 use std::time::Duration;
@@ -10,6 +11,27 @@ use rand::rngs::StdRng;
 use crate::client::Reply;
 use crate::error::Error;
 use crate::error::Result;
+
+/// Runs the logdex binary with `args` and `input` on its stdin to its end, within `timeout`
+/// (killed after it), without `LOGDEX_URL` from the test's environment; returns (success,
+/// stdout, stderr).
+pub async fn run_logdex(args: &[&str], input: &str, timeout: Duration) -> Result<(bool, String, String)> {
+    use std::process::Stdio;
+    use tokio::io::AsyncWriteExt;
+    let mut command = tokio::process::Command::new(crate::cluster::binary_path()?);
+    command.args(args).env_remove("LOGDEX_URL").kill_on_drop(true);
+    command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = command.spawn().map_err(|e| Error::io(format!("running logdex {args:?}"), e))?;
+    let mut stdin = child.stdin.take().ok_or_else(|| Error::Check("logdex's stdin is not piped".into()))?;
+    stdin.write_all(input.as_bytes()).await.map_err(|e| Error::io("writing logdex's stdin", e))?;
+    drop(stdin);
+    let out = tokio::time::timeout(timeout, child.wait_with_output())
+        .await
+        .map_err(|_| Error::Check(format!("logdex {args:?} ran over {timeout:?}")))?
+        .map_err(|e| Error::io(format!("running logdex {args:?}"), e))?;
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    Ok((out.status.success(), text(&out.stdout), text(&out.stderr)))
+}
 
 /// The environment variable that replays a randomized test.
 pub const SEED_ENV: &str = "LOGDEX_TEST_SEED";

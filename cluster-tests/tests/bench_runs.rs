@@ -7,9 +7,9 @@ use std::time::Duration;
 use logdex_cluster_tests::Cluster;
 use logdex_cluster_tests::Error;
 use logdex_cluster_tests::Result;
-use logdex_cluster_tests::cluster::binary_path;
 use logdex_cluster_tests::ensure;
 use logdex_cluster_tests::ensure_eq;
+use logdex_cluster_tests::support::run_logdex;
 
 /// Bound on one bench run (a few hundred requests to a local node).
 const BENCH_TIMEOUT: Duration = Duration::from_secs(120);
@@ -18,14 +18,7 @@ const LOOKUPS: u64 = 200;
 
 /// Runs `logdex bench <args> --url <url> --json`; returns (success, stdout, stderr).
 async fn bench(url: &str, args: &[&str]) -> Result<(bool, String, String)> {
-    let mut command = tokio::process::Command::new(binary_path()?);
-    command.arg("bench").args(args).args(["--url", url, "--json"]).kill_on_drop(true);
-    let out = tokio::time::timeout(BENCH_TIMEOUT, command.output())
-        .await
-        .map_err(|_| Error::Check(format!("logdex bench {args:?} ran over {BENCH_TIMEOUT:?}")))?
-        .map_err(|e| Error::io(format!("running logdex bench {args:?}"), e))?;
-    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    Ok((out.status.success(), text(&out.stdout), text(&out.stderr)))
+    run_logdex(&[&["bench"], args, &["--url", url, "--json"]].concat(), "", BENCH_TIMEOUT).await
 }
 
 /// The JSON lines of a bench run that must succeed.

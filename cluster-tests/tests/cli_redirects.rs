@@ -8,9 +8,9 @@ use logdex_cluster_tests::ClusterOptions;
 use logdex_cluster_tests::Error;
 use logdex_cluster_tests::Result;
 use logdex_cluster_tests::client::HEADER_REDIRECT;
-use logdex_cluster_tests::cluster::binary_path;
 use logdex_cluster_tests::ensure;
 use logdex_cluster_tests::ensure_eq;
+use logdex_cluster_tests::support::run_logdex;
 
 const NODES: usize = 3;
 /// Bound on one CLI run (its own request timeout is 30 s; a settling cluster answers sooner).
@@ -20,35 +20,12 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Runs `logdex <args> --url <url>` and returns (success, stdout, stderr).
 async fn cli(url: &str, args: &[&str]) -> Result<(bool, String, String)> {
-    let mut command = tokio::process::Command::new(binary_path()?);
-    command.args(args).args(["--url", url]).env_remove("LOGDEX_URL").kill_on_drop(true);
-    let out = tokio::time::timeout(CLI_TIMEOUT, command.output())
-        .await
-        .map_err(|_| Error::Check(format!("logdex {args:?} against {url} ran over {CLI_TIMEOUT:?}")))?
-        .map_err(|e| Error::io(format!("running logdex {args:?}"), e))?;
-    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    Ok((out.status.success(), text(&out.stdout), text(&out.stderr)))
+    cli_with_input(url, args, "").await
 }
 
 /// Runs `logdex <args> --url <url>` with `input` on its stdin; returns (success, stdout, stderr).
 async fn cli_with_input(url: &str, args: &[&str], input: &str) -> Result<(bool, String, String)> {
-    use tokio::io::AsyncWriteExt;
-    let mut command = tokio::process::Command::new(binary_path()?);
-    command.args(args).args(["--url", url]).env_remove("LOGDEX_URL").kill_on_drop(true);
-    command
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let mut child = command.spawn().map_err(|e| Error::io(format!("running logdex {args:?}"), e))?;
-    let mut stdin = child.stdin.take().ok_or_else(|| Error::Check("the CLI's stdin is not piped".into()))?;
-    stdin.write_all(input.as_bytes()).await.map_err(|e| Error::io("writing the CLI's stdin", e))?;
-    drop(stdin);
-    let out = tokio::time::timeout(CLI_TIMEOUT, child.wait_with_output())
-        .await
-        .map_err(|_| Error::Check(format!("logdex {args:?} against {url} ran over {CLI_TIMEOUT:?}")))?
-        .map_err(|e| Error::io(format!("running logdex {args:?}"), e))?;
-    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    Ok((out.status.success(), text(&out.stdout), text(&out.stderr)))
+    run_logdex(&[args, &["--url", url]].concat(), input, CLI_TIMEOUT).await
 }
 
 /// [`cli`] until it succeeds; only a 503 (the cluster still electing) is retried.

@@ -2312,16 +2312,18 @@ pub use wire::log_id_to_pb;
 mod tests {
     use super::*;
 
+    /// The grace of the trim timing tests: 64 s, so that grace / MAX_TRIMS_TIMED is 1 s.
+    const TRIM_GRACE: Duration = Duration::from_secs(64);
+
+    /// A manifest trimmed to `trimmed_to` and forgotten to `forgotten_to`.
+    fn manifest(trimmed_to: u64, forgotten_to: u64) -> crate::tier::Manifest {
+        crate::tier::Manifest { trimmed_to, forgotten_to, ..crate::tier::Manifest::default() }
+    }
+
     #[test]
     fn a_trim_is_forgotten_once_it_is_older_than_the_grace_and_never_before() {
-        let grace = Duration::from_secs(64);
-        let t0 = std::time::Instant::now();
+        let (grace, t0) = (TRIM_GRACE, std::time::Instant::now());
         let at = |secs: u64| t0 + Duration::from_secs(secs);
-        let manifest = |trimmed_to, forgotten_to| crate::tier::Manifest {
-            trimmed_to,
-            forgotten_to,
-            ..crate::tier::Manifest::default()
-        };
         let mut trims = Trims::default();
         assert_eq!(trims.due(&manifest(0, 0), at(0), grace), None, "nothing trimmed");
         assert_eq!(trims.due(&manifest(10, 0), at(0), grace), None, "trim to 10 seen at 0 s");
@@ -2337,14 +2339,8 @@ mod tests {
 
     #[test]
     fn trims_in_quick_succession_are_timed_from_the_first_and_forgotten_later_never_sooner() {
-        let grace = Duration::from_secs(64);
-        let t0 = std::time::Instant::now();
+        let (grace, t0) = (TRIM_GRACE, std::time::Instant::now());
         let at = |secs: u64| t0 + Duration::from_secs(secs);
-        let manifest = |trimmed_to, forgotten_to| crate::tier::Manifest {
-            trimmed_to,
-            forgotten_to,
-            ..crate::tier::Manifest::default()
-        };
         let mut trims = Trims::default();
         // One trim per 100 ms for 10 s: the timed trims stay at most one per grace/64 = 1 s.
         for tenth in 0..100u64 {
