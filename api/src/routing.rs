@@ -58,6 +58,11 @@ pub struct Hop {
     pub forward: bool,
 }
 
+/// How long a forwarded read waits for its target's answer before it goes to the next replica.
+/// A read that a node can serve takes milliseconds; those that wait by design wait less: a
+/// `min_offset` read about a second, a follower's read index at most 2 s.
+pub const FORWARDED_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl Router {
     /// Forwarded requests go over HTTPS trusting only the cluster's CA when `tls` is given.
     pub fn new(node: Node, tls: Option<&NodeTls>) -> Result<Router, TlsError> {
@@ -179,6 +184,10 @@ impl Router {
     /// Sends a read on to the first of `targets` that takes it, or answers 421 naming the
     /// first (503 when a forwarded read reached this node, or when there is no target). A target whose node refuses the
     /// connection was not asked, and a read has no effect, so the next one is tried.
+    ///
+    /// A target that has not answered within [`FORWARDED_READ_TIMEOUT`] is given up too (a
+    /// paused or hung node takes the connection and never answers), and the read goes to the
+    /// next one; 504 when none answered.
     pub async fn redirect_read(
         &self,
         group: GroupId,
@@ -189,9 +198,15 @@ impl Router {
     ) -> Result<Response, ApiError> {
         let mut outcome = Err(ApiError::Unavailable("the partition has no replicas".into()));
         for &target in targets {
-            outcome = self.redirect(target, hop, Method::GET, path_and_query, headers, bytes::Bytes::new()).await;
+            let read = self.redirect(target, hop, Method::GET, path_and_query, headers, bytes::Bytes::new());
+            outcome = match tokio::time::timeout(FORWARDED_READ_TIMEOUT, read).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(ApiError::Timeout(format!(
+                    "node {target} did not answer a forwarded read within {FORWARDED_READ_TIMEOUT:?}"
+                ))),
+            };
             match &outcome {
-                Err(ApiError::NodeUnreachable(m)) => {
+                Err(ApiError::NodeUnreachable(m) | ApiError::Timeout(m)) => {
                     tracing::debug!(target, error = %m, "read goes to the next replica");
                     self.forget_leader(group);
                 }

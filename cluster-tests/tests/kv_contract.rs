@@ -8,6 +8,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use base64::engine::general_purpose::URL_SAFE;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use logdex_cluster_tests::Api;
 use logdex_cluster_tests::Cluster;
 use logdex_cluster_tests::Error;
 use logdex_cluster_tests::Read;
@@ -353,11 +354,29 @@ async fn misdirected(cluster: &Cluster) -> Result<()> {
 async fn follower_read_through_a_node_without_the_partition_is_answered_by_a_live_replica_when_the_leader_is_down()
 -> Result<()> {
     let mut cluster = Cluster::start(NODES).await?;
-    let outcome = read_past_a_dead_leader(&mut cluster).await;
+    let outcome = read_past_a_lost_leader(&mut cluster, LeaderLoss::Killed).await;
     cluster.finish(outcome)
 }
 
-async fn read_past_a_dead_leader(cluster: &mut Cluster) -> Result<()> {
+/// As above with the leader paused (SIGSTOP) right after a read through the outside node went
+/// to it: its node still takes connections and never answers, so the outside node gives up on
+/// it (`FORWARDED_READ_TIMEOUT`, 5 s) and asks the surviving replica, instead of waiting until
+/// the leader comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_read_through_a_node_without_the_partition_is_answered_by_a_live_replica_when_the_leader_hangs()
+-> Result<()> {
+    let mut cluster = Cluster::start(NODES).await?;
+    let outcome = read_past_a_lost_leader(&mut cluster, LeaderLoss::Paused).await;
+    cluster.finish(outcome)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LeaderLoss {
+    Killed,
+    Paused,
+}
+
+async fn read_past_a_lost_leader(cluster: &mut Cluster, loss: LeaderLoss) -> Result<()> {
     let topic = "two-replicas";
     let description = create_topic(cluster, topic, 3, 2).await?;
     // A partition led by its first replica: the replica a read went to when no leader was known.
@@ -384,8 +403,19 @@ async fn read_past_a_dead_leader(cluster: &mut Cluster) -> Result<()> {
     let hit = get(cluster, survivor, topic, &key, &Read::follower().min_offset(w.offset)).await?;
     expect_hit(&hit, b"kept", w.offset)?;
 
-    cluster.kill(leader)?;
-    let read = get(cluster, outsider, topic, &key, &Read::follower()).await?;
+    let read = if loss == LeaderLoss::Paused {
+        // The outside node's last read of the partition went to the leader.
+        let warm = get(cluster, outsider, topic, &key, &Read::follower()).await?;
+        ensure_eq!(warm.header_u64(HEADER_NODE)?, leader, "a read through node {outsider}: {}", warm.summary());
+        cluster.pause(leader)?;
+        // Asked once, not retried: the answer must not wait for the paused leader (a client
+        // timeout of three times the forwarding node's limit).
+        let api = Api::with_timeout(3 * Duration::from_secs(5))?;
+        api.get(&cluster.url(outsider), topic, &key, &Read::follower()).await?
+    } else {
+        cluster.kill(leader)?;
+        get(cluster, outsider, topic, &key, &Read::follower()).await?
+    };
     expect_hit(&read, b"kept", w.offset)?;
     ensure_eq!(read.header_u64(HEADER_NODE)?, survivor, "X-Kv-Node of the read: {}", read.summary());
 
