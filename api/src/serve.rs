@@ -37,11 +37,11 @@ pub struct ServeArgs {
     /// Node-to-node RPC listen address.
     #[arg(long, env = "LOGDEX_RPC_ADDR", default_value = "127.0.0.1:9090")]
     pub rpc_addr: SocketAddr,
-    /// HTTP address other nodes and clients use for this node (default: --http-addr).
-    #[arg(long, env = "LOGDEX_ADVERTISE_HTTP_ADDR")]
+    /// HTTP address other nodes and clients use for this node, host:port (default: --http-addr).
+    #[arg(long, env = "LOGDEX_ADVERTISE_HTTP_ADDR", value_parser = parse_address)]
     pub advertise_http_addr: Option<String>,
-    /// RPC address other nodes use for this node (default: --rpc-addr).
-    #[arg(long, env = "LOGDEX_ADVERTISE_RPC_ADDR")]
+    /// RPC address other nodes use for this node, host:port (default: --rpc-addr).
+    #[arg(long, env = "LOGDEX_ADVERTISE_RPC_ADDR", value_parser = parse_address)]
     pub advertise_rpc_addr: Option<String>,
     /// Initial cluster, the same on every initial node: `1@host:rpcport,2@host:rpcport,...`.
     /// Default: this node alone (a single-node cluster).
@@ -231,10 +231,15 @@ fn parse_peers(spec: &str) -> Result<Vec<(u64, String)>, String> {
     Ok(peers)
 }
 
+/// `addr` if it is `host:port` (a name, an IPv4 address or a bracketed IPv6 one).
+fn parse_address(addr: &str) -> Result<String, String> {
+    check_address(addr).map(|()| addr.to_string())
+}
+
 /// Checks that `addr` is `host:port` (a name, an IPv4 address or a bracketed IPv6 one).
 fn check_address(addr: &str) -> Result<(), String> {
     let (host, port) = addr.rsplit_once(':').ok_or_else(|| format!("address {addr:?} lacks a port (host:port)"))?;
-    if host.is_empty() || host.contains('/') || host.contains('@') {
+    if host.is_empty() || host.contains(['/', '@']) || host.contains(char::is_whitespace) {
         return Err(format!("address {addr:?} is not host:port"));
     }
     port.parse::<u16>().map_err(|_| format!("address {addr:?} has no valid port (host:port)"))?;
@@ -511,6 +516,18 @@ mod tests {
         assert!(check_address("http://127.0.0.1:9091").is_err());
         assert!(check_address("127.0.0.1:9091").is_ok());
         Ok(())
+    }
+
+    #[test]
+    fn advertised_addresses_must_be_host_and_port() {
+        use clap::Parser;
+        let parse = |args: &[&str]| crate::cli::Cli::try_parse_from([&["logdex", "serve"], args].concat()).map(|_| ());
+        assert!(parse(&["--advertise-http-addr", "node-1.example:8080"]).is_ok());
+        assert!(parse(&["--advertise-rpc-addr", "[::1]:9090"]).is_ok());
+        for bad in ["foo", "foo bar:1", "http://node-1:8080", "node-1:port"] {
+            let refused = parse(&["--advertise-http-addr", bad]).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(refused.contains("--advertise-http-addr"), "{bad}: {refused}");
+        }
     }
 
     #[test]

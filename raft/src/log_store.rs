@@ -144,7 +144,13 @@ impl RaftLogDb {
     /// Opens the node's Raft log at `path`; its syncer waits `loaded_wait` for more appends
     /// before an fsync while the node is loaded (see the module's notes).
     pub fn open(path: &Path, loaded_wait: std::time::Duration) -> crate::Result<Arc<RaftLogDb>> {
-        let db = Database::builder(path).open()?;
+        let db = Database::builder(path).open().map_err(|e| match e {
+            fjall::Error::Locked => crate::error::Error::Invalid(format!(
+                "the Raft log at {} is in use by another process: another logdex node on the same --data-dir, or one still stopping",
+                path.display()
+            )),
+            e => e.into(),
+        })?;
         let ks =
             db.keyspace("raft_log", || KeyspaceCreateOptions::default().max_memtable_size(RAFT_LOG_MEMTABLE_BYTES))?;
         let (syncer, rx) = mpsc::sync_channel(SYNC_QUEUE_MAX);
@@ -489,6 +495,19 @@ impl RaftLogStorage<TypeConfig> for GroupLogStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_raft_log_in_use_is_refused_naming_the_directory() -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let _open = RaftLogDb::open(dir.path(), GROUP_COMMIT_WAIT_LOADED_DEFAULT)?;
+        let refused = RaftLogDb::open(dir.path(), GROUP_COMMIT_WAIT_LOADED_DEFAULT)
+            .err()
+            .ok_or("the Raft log opened twice")?
+            .to_string();
+        assert!(refused.contains("is in use by another process"), "{refused}");
+        assert!(refused.contains(&dir.path().display().to_string()), "{refused}");
+        Ok(())
+    }
 
     #[test]
     fn syncer_waits_long_only_while_many_writes_of_several_groups_wait() {
