@@ -1133,14 +1133,19 @@ fn write_removed_keys(index: &Index, replica: ReplicaId, manifest: &Manifest, st
     let mut out = Out { file: std::io::BufWriter::new(std::fs::File::create(staged.join(REMOVED_KEYS_FILE))?), crc: 0 };
     out.put(&[REMOVED_KEYS_VERSION])?;
     let range = manifest.forgotten_to..manifest.trimmed_to;
-    let count = index.scan_entries(replica, range, |key, offset| -> Result<()> {
-        let len =
-            u32::try_from(key.len()).map_err(|_| Error::Corrupted(format!("index key of {} bytes", key.len())))?;
-        out.put(&len.to_be_bytes())?;
-        out.put(key)?;
-        out.put(&offset.to_be_bytes())?;
-        Ok(())
-    })?;
+    // The scan reads every entry of the replica: only when a trim left something to carry.
+    let count = if range.is_empty() {
+        0
+    } else {
+        index.scan_entries(replica, range, |key, offset| -> Result<()> {
+            let len =
+                u32::try_from(key.len()).map_err(|_| Error::Corrupted(format!("index key of {} bytes", key.len())))?;
+            out.put(&len.to_be_bytes())?;
+            out.put(key)?;
+            out.put(&offset.to_be_bytes())?;
+            Ok(())
+        })?
+    };
     let crc = out.crc;
     out.file.write_all(&crc.to_be_bytes())?;
     out.file.into_inner().map_err(std::io::IntoInnerError::into_error)?.sync_all()?;
