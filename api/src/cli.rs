@@ -179,11 +179,12 @@ pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {
 
 /// Adds the settings of `serve --config FILE` (or `LOGDEX_CONFIG`) as flags,
 /// except those already given as flags or `LOGDEX_*` environment variables:
-/// flags win over the environment, which wins over the file.
-pub fn with_config_file(args: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString>, String> {
+/// flags win over the environment, which wins over the file. Also returns the file's path
+/// when it added any, for errors about them.
+pub fn with_config_file(args: Vec<std::ffi::OsString>) -> Result<(Vec<std::ffi::OsString>, Option<String>), String> {
     let text: Vec<String> = args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
     if text.get(1).map(String::as_str) != Some("serve") {
-        return Ok(args);
+        return Ok((args, None));
     }
     let from_flag = text.iter().enumerate().find_map(|(i, a)| {
         a.strip_prefix("--config=")
@@ -191,7 +192,7 @@ pub fn with_config_file(args: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::O
             .or_else(|| (a == "--config").then(|| text.get(i + 1).cloned()).flatten())
     });
     let Some(path) = from_flag.or_else(|| std::env::var("LOGDEX_CONFIG").ok()) else {
-        return Ok(args);
+        return Ok((args, None));
     };
     let body = std::fs::read_to_string(&path).map_err(|e| format!("cannot read config file {path}: {e}"))?;
     let table: toml::Table = body.parse().map_err(|e| format!("config file {path} is not valid TOML: {e}"))?;
@@ -217,7 +218,8 @@ pub fn with_config_file(args: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::O
         };
         out.push(format!("--{flag}={value}").into());
     }
-    Ok(out)
+    let added = out.len() > text.len();
+    Ok((out, added.then_some(path)))
 }
 
 pub fn run(cli: Cli) -> Result<(), String> {
@@ -263,7 +265,9 @@ mod tests {
                 .iter()
                 .map(Into::into)
                 .collect();
-        let out: Vec<String> = with_config_file(args)?.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+        let (out, file) = with_config_file(args)?;
+        assert_eq!(file, Some(path.display().to_string()));
+        let out: Vec<String> = out.iter().map(|a| a.to_string_lossy().into_owned()).collect();
         assert!(out.contains(&"--node-id=7".to_string()), "{out:?}");
         assert!(out.contains(&"--forward=false".to_string()), "{out:?}");
         assert!(!out.iter().any(|a| a.contains("127.0.0.1:1")), "the flag must win: {out:?}");

@@ -9,14 +9,26 @@ use clap::Parser;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    let args = match logdex_api::cli::with_config_file(std::env::args_os().collect()) {
+    let (args, file) = match logdex_api::cli::with_config_file(std::env::args_os().collect()) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("logdex: {e}");
             return std::process::ExitCode::FAILURE;
         }
     };
-    let cli = logdex_api::cli::Cli::parse_from(args);
+    let cli = match logdex_api::cli::Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let refused = e.use_stderr();
+            let _ = e.print();
+            if let Some(path) = file.filter(|_| refused) {
+                eprintln!(
+                    "note: flags not given on the command line or as LOGDEX_* variables came from the config file {path}"
+                );
+            }
+            return std::process::ExitCode::from(if refused { 2 } else { 0 });
+        }
+    };
     match logdex_api::cli::run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

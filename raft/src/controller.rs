@@ -215,7 +215,7 @@ impl ClusterState {
         if let Some(existing) = self.topics.get(&c.name) {
             let same = existing.partitions.len() as u32 == c.partitions
                 && existing.replication_factor == c.replication_factor
-                && with_defaults(&existing.config) == with_defaults(&config);
+                && same_config(&with_defaults(&existing.config), &with_defaults(&config));
             return if same {
                 result("exists", format!("topic {} exists with the same settings", c.name))
             } else {
@@ -539,6 +539,14 @@ fn with_defaults(config: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
     c
 }
 
+/// Whether two topic configs set the same keys to the same values, numbers read as numbers
+/// (`01000` and `+1000` are `1000`, as Kafka parses them).
+fn same_config(a: &BTreeMap<&str, &str>, b: &BTreeMap<&str, &str>) -> bool {
+    let same_value =
+        |x: &str, y: &str| x == y || matches!((x.parse::<i64>(), y.parse::<i64>()), (Ok(m), Ok(n)) if m == n);
+    a.len() == b.len() && a.iter().zip(b).all(|((ka, va), (kb, vb))| ka == kb && same_value(va, vb))
+}
+
 /// `cleanup.policy` in one spelling (`compact`, `delete` or `compact,delete`) for a value that
 /// names one or both, in either order, with spaces around the comma as Kafka allows; `None`
 /// for any other value.
@@ -848,6 +856,25 @@ mod tests {
         let defaults = [("cleanup.policy", "compact"), ("kv.index.enabled", "true")];
         assert_eq!(state.apply(&again(&defaults)).status, "exists");
         assert_eq!(state.apply(&again(&[("cleanup.policy", "delete")])).status, "conflict");
+    }
+
+    #[test]
+    fn create_with_a_number_spelled_otherwise_is_the_same_topic() {
+        let mut state = ClusterState::fresh();
+        register(&mut state, 1);
+        let create_with = |retention: &str| pb::ControllerCommand {
+            kind: Some(Kind::CreateTopic(pb::CreateTopic {
+                name: "t".into(),
+                partitions: 1,
+                replication_factor: 1,
+                config: [("retention.ms".to_string(), retention.to_string())].into(),
+                down_nodes: Vec::new(),
+            })),
+        };
+        assert_eq!(state.apply(&create_with("01000")).status, "created");
+        assert_eq!(state.apply(&create_with("1000")).status, "exists");
+        assert_eq!(state.apply(&create_with("+1000")).status, "exists");
+        assert_eq!(state.apply(&create_with("1001")).status, "conflict");
     }
 
     #[test]

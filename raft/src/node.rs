@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::collections::HashMap;
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::RwLock;
@@ -566,7 +567,10 @@ impl Node {
             // Not `controller_write`: this node's controller replica may not be a learner yet.
             let result = match self.controller_write_at(cmd.clone(), false).await {
                 Ok((r, _)) => Ok(r),
-                Err(e) => self.register_via_peers(&cmd).await.map_err(|_| e),
+                Err(e) => self
+                    .register_via_peers(&cmd)
+                    .await
+                    .map_err(|peers| Error::unavailable(format!("{e}; through the peers: {peers}"))),
             };
             if let Some(refused) = result.as_ref().ok().filter(|r| r.status == "conflict") {
                 tracing::error!(message = %refused.message, "the cluster refused this node's registration");
@@ -574,7 +578,7 @@ impl Node {
                 return;
             }
             if let Err(e) = result {
-                if attempt % 20 == 19 {
+                if attempt % 20 == 3 {
                     tracing::warn!(error = %e, attempt, "cannot register with the controller yet");
                 } else {
                     tracing::debug!(error = %e, attempt, "registration not done yet");
@@ -610,7 +614,7 @@ impl Node {
         for addr in targets {
             match self.remote_controller_write(&addr, cmd.clone(), false).await {
                 Ok((r, _)) => return Ok(r),
-                Err(e) => last = e,
+                Err(e) => last = Error::unavailable(format!("{addr}: {e}")),
             }
         }
         Err(last)
@@ -1008,7 +1012,12 @@ impl Node {
                 _ = stop.changed() => return,
             }
             let state = self.cluster();
-            for g in self.groups() {
+            let groups = self.groups();
+            // What the passes kept of groups no longer hosted here (moved away, topic deleted).
+            let hosted: HashSet<GroupId> = groups.iter().map(|g| g.group_id).collect();
+            trims.retain(|id, _| hosted.contains(id));
+            compacted_at.retain(|id, _| hosted.contains(id));
+            for g in groups {
                 let Some(topic) = state.topics.get(&g.topic) else { continue };
                 if let (Some(tier), Some(store)) = (topic.tier_policy(), &self.inner.tier_store)
                     && let Err(e) = self.tier_pass(&g, store, &tier).await
@@ -1992,7 +2001,10 @@ fn produce_error(group: GroupId, node: NodeId, status: tonic::Status, connect_fa
         tonic::Code::InvalidArgument => Error::Invalid(status.message().to_string()),
         tonic::Code::OutOfRange => Error::TooLarge(status.message().to_string()),
         tonic::Code::NotFound => Error::NotLeader { group, leader_node: None },
-        tonic::Code::DeadlineExceeded => Error::Timeout(status.message().to_string()),
+        tonic::Code::DeadlineExceeded => Error::Timeout(format!(
+            "the partition leader on node {node} did not answer in time; the write may or may not have been applied ({})",
+            status.message()
+        )),
         // The transport broke (the leader's process died, say) after the write may have left:
         // say so in words, with the transport's own text after them.
         tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled
@@ -2011,9 +2023,16 @@ fn produce_error(group: GroupId, node: NodeId, status: tonic::Status, connect_fa
 /// True for the texts tonic and h2 give a connection that failed under a call (a peer's
 /// own errors travel as their `Error` text, which none of these begin with).
 fn transport_broke(message: &str) -> bool {
-    ["h2 protocol error", "transport error", "connection reset", "broken pipe", "operation was canceled"]
-        .iter()
-        .any(|marker| message.to_ascii_lowercase().contains(marker))
+    [
+        "h2 protocol error",
+        "transport error",
+        "connection reset",
+        "broken pipe",
+        "operation was canceled",
+        "answered nothing",
+    ]
+    .iter()
+    .any(|marker| message.to_ascii_lowercase().contains(marker))
 }
 
 /// The file naming the node a data directory belongs to (`raft/FORMAT.md`).
@@ -2430,7 +2449,12 @@ mod tests {
         assert!(matches!(produce_error(7, 2, reset.clone(), false), Error::Unavailable(_)));
         assert!(matches!(produce_error(7, 2, reset, true), Error::NodeUnreachable(_)));
         let timeout = tonic::Status::deadline_exceeded("no answer");
-        assert!(matches!(produce_error(7, 2, timeout, false), Error::Timeout(_)));
+        let timed_out = produce_error(7, 2, timeout, false);
+        assert!(matches!(timed_out, Error::Timeout(_)));
+        assert!(timed_out.to_string().contains("may or may not have been applied"), "{timed_out}");
+        let silent = tonic::Status::unavailable("the call stream to 127.0.0.1:9 answered nothing in 2s");
+        let said = produce_error(7, 2, silent, false).to_string();
+        assert!(said.contains("may or may not have been applied"), "{said}");
         let died = tonic::Status::internal("h2 protocol error: error reading a body from connection");
         let said = produce_error(7, 2, died, false).to_string();
         assert!(said.contains("on node 2 broke") && said.contains("h2 protocol error"), "{said}");

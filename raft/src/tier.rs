@@ -280,7 +280,8 @@ impl TierStore {
         if dir.is_empty() {
             return Err(Error::Invalid("tiered store: empty directory".into()));
         }
-        std::fs::create_dir_all(dir)?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::Invalid(format!("tiered store: cannot create directory {dir:?}: {e}")))?;
         let store = object_store::local::LocalFileSystem::new_with_prefix(dir)
             .map_err(|e| Error::Invalid(format!("tiered store {location:?}: {e}")))?
             .with_fsync(true);
@@ -1127,6 +1128,19 @@ mod tests {
         assert!(matches!(TierStore::open("s3:///prefix"), Err(Error::Invalid(_))), "no bucket");
         assert!(matches!(TierStore::open("gs://bucket/prefix"), Err(Error::Invalid(_))));
         assert!(matches!(TierStore::open(""), Err(Error::Invalid(_))));
+    }
+
+    #[test]
+    fn a_store_directory_that_cannot_be_created_is_named_in_the_error() -> TestResult {
+        let root = tempfile::tempdir()?;
+        let file = root.path().join("file");
+        std::fs::write(&file, b"x")?;
+        let under_a_file = file.join("store");
+        let Err(e) = TierStore::open(&under_a_file.to_string_lossy()) else {
+            return Err("a directory under a file was opened".into());
+        };
+        assert!(e.to_string().contains(&*under_a_file.to_string_lossy()), "{e}");
+        Ok(())
     }
 
     #[test]
