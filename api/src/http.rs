@@ -455,8 +455,33 @@ fn read_mode(q: &CommonQuery) -> Result<ReadMode, ApiError> {
     }
 }
 
+/// The path and query of a request to send on to another node, forwarded or in a 421's
+/// `X-Kv-Redirect`. A `/kv/{topic}/{key}` key with a `.` or `..` path segment (`..`,
+/// `a/./b`, `%2E%2E`) goes base64url-encoded: URL clients, ours included, resolve such segments
+/// before they send, so the key as written would reach another key or another route.
 fn path_and_query(uri: &Uri) -> String {
-    uri.path_and_query().map(|pq| pq.as_str().to_string()).unwrap_or_else(|| uri.path().to_string())
+    let raw = || uri.path_and_query().map(|pq| pq.as_str().to_string()).unwrap_or_else(|| uri.path().to_string());
+    let Some((topic, key)) = uri.path().strip_prefix("/kv/").and_then(|rest| rest.split_once('/')) else {
+        return raw();
+    };
+    let dot_segment = |segment: &str| {
+        let s = segment.to_ascii_lowercase().replace("%2e", ".");
+        s == "." || s == ".."
+    };
+    if !key.split('/').any(dot_segment) {
+        return raw();
+    }
+    // Only a key read as UTF-8 bytes can hold a dot segment (base64url has no `.`).
+    let Ok(bytes) = percent_decode(key) else { return raw() };
+    let mut query: Vec<&str> = uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|pair| !pair.is_empty() && pair.split('=').next() != Some("key_encoding"))
+        .collect();
+    query.push("key_encoding=base64url");
+    let key = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+    format!("/kv/{topic}/{key}?{}", query.join("&"))
 }
 
 /// The topic of a `/kv/{topic}/{key}` request, from the raw path.
@@ -1383,4 +1408,34 @@ async fn metrics(State(s): State<AppState>) -> Response {
     }
     s.guard.metrics.render(&mut out);
     ([("content-type", "text/plain; version=0.0.4")], out).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn onward(uri: &str) -> Result<String, Box<dyn std::error::Error>> {
+        Ok(path_and_query(&uri.parse::<Uri>()?))
+    }
+
+    #[test]
+    fn keys_with_dot_segments_go_on_base64url_encoded_with_the_rest_of_the_query()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let b64 = |key: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(key);
+        assert_eq!(onward("/kv/t/..")?, format!("/kv/t/{}?key_encoding=base64url", b64(b"..")));
+        assert_eq!(onward("/kv/t/%2E")?, format!("/kv/t/{}?key_encoding=base64url", b64(b".")));
+        assert_eq!(
+            onward("/kv/t/a/./b?read=follower&key_encoding=utf8")?,
+            format!("/kv/t/{}?read=follower&key_encoding=base64url", b64(b"a/./b"))
+        );
+        assert_eq!(
+            onward("/kv/t/x/y/%2e%2E?forward=false")?,
+            format!("/kv/t/{}?forward=false&key_encoding=base64url", b64(b"x/y/.."))
+        );
+        // Dots that are not a whole segment, and other paths, go on as they came.
+        assert_eq!(onward("/kv/t/a.b/..c?read=strict")?, "/kv/t/a.b/..c?read=strict");
+        assert_eq!(onward("/kv/t/Li4?key_encoding=base64url")?, "/kv/t/Li4?key_encoding=base64url");
+        assert_eq!(onward("/topics/t/partitions/0/records?offset=1")?, "/topics/t/partitions/0/records?offset=1");
+        Ok(())
+    }
 }

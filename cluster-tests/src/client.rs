@@ -362,6 +362,29 @@ impl Api {
         self.request(Method::GET, url, None).await
     }
 
+    /// A GET of `path` exactly as written, over HTTP/1.1 on a connection of its own: URL
+    /// clients (reqwest's included) resolve `.` and `..` segments, `%2E` spelt ones too,
+    /// before they send.
+    pub async fn get_path_as_is(&self, base: &str, path: &str) -> Result<Reply> {
+        use tokio::io::AsyncReadExt as _;
+        use tokio::io::AsyncWriteExt as _;
+        let url = format!("{base}{path}");
+        let addr = base.strip_prefix("http://").unwrap_or(base);
+        let io = |what: &str, e| Error::io(format!("{what} {url}"), e);
+        let exchange = async {
+            let mut stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| io("connecting for", e))?;
+            let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+            stream.write_all(request.as_bytes()).await.map_err(|e| io("sending", e))?;
+            let mut answer = Vec::new();
+            stream.read_to_end(&mut answer).await.map_err(|e| io("reading the answer to", e))?;
+            Ok::<_, Error>(answer)
+        };
+        let answer = tokio::time::timeout(REQUEST_TIMEOUT, exchange)
+            .await
+            .map_err(|_| Error::Check(format!("GET {url}: no answer in {REQUEST_TIMEOUT:?}")))??;
+        parse_http1_answer(&url, &answer)
+    }
+
     pub async fn healthz(&self, base: &str) -> Result<Reply> {
         self.get_url(&format!("{base}/healthz")).await
     }
@@ -480,4 +503,41 @@ pub fn written(reply: &Reply) -> Result<Written> {
         )));
     }
     Ok(body)
+}
+
+/// A whole HTTP/1.1 answer (read to the connection's end) as a [`Reply`]; chunked bodies are
+/// joined.
+fn parse_http1_answer(url: &str, answer: &[u8]) -> Result<Reply> {
+    let bad = |what: &str| Error::Check(format!("GET {url}: {what} in {:?}", String::from_utf8_lossy(answer)));
+    let split = answer.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(|| bad("no end of headers"))?;
+    let head = std::str::from_utf8(&answer[..split]).map_err(|_| bad("headers not UTF-8"))?;
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or("");
+    let status = status_line.split(' ').nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| bad("no status"))?;
+    let mut headers = HeaderMap::new();
+    for line in lines {
+        let (name, value) = line.split_once(':').ok_or_else(|| bad("a header without ':'"))?;
+        let name = reqwest::header::HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| bad("a header name"))?;
+        let value = reqwest::header::HeaderValue::from_str(value.trim()).map_err(|_| bad("a header value"))?;
+        headers.append(name, value);
+    }
+    let mut rest = &answer[split + 4..];
+    let chunked = headers.get("transfer-encoding").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"chunked"));
+    let body = if chunked {
+        let mut body = Vec::new();
+        loop {
+            let end = rest.windows(2).position(|w| w == b"\r\n").ok_or_else(|| bad("a chunk without its size"))?;
+            let size = std::str::from_utf8(&rest[..end]).ok().and_then(|t| usize::from_str_radix(t.trim(), 16).ok());
+            let size = size.ok_or_else(|| bad("a chunk size"))?;
+            let data = rest.get(end + 2..end + 2 + size).ok_or_else(|| bad("a short chunk"))?;
+            if size == 0 {
+                break body;
+            }
+            body.extend_from_slice(data);
+            rest = rest.get(end + 4 + size..).ok_or_else(|| bad("a chunk without its end"))?;
+        }
+    } else {
+        rest.to_vec()
+    };
+    Ok(Reply { method: "GET".into(), url: url.to_string(), status, headers, body })
 }

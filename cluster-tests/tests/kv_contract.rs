@@ -346,6 +346,55 @@ async fn misdirected(cluster: &Cluster) -> Result<()> {
     Ok(())
 }
 
+/// Keys whose path holds `.` or `..` segments (`..`, `a/./b`, `x/y/..`, sent as written) read
+/// through a node without their partition the same as on their host: forwarded, and behind a
+/// 421's X-Kv-Redirect followed by a client that resolves dot segments. Keys that such a
+/// resolution would reach instead (`a/b`, `x`) hold other values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_with_dot_segments_read_alike_forwarded_and_redirected() -> Result<()> {
+    let cluster = Cluster::start(NODES).await?;
+    let outcome = dot_segment_keys(&cluster).await;
+    cluster.finish(outcome)
+}
+
+async fn dot_segment_keys(cluster: &Cluster) -> Result<()> {
+    let topic = "dots";
+    let description = create_topic(cluster, topic, 3, 1).await?;
+    let keys: [&[u8]; 6] = [b"..", b".", b"a/./b", b"x/y/..", b"a/b", b"x"];
+    let mut written_at = BTreeMap::new();
+    for key in keys {
+        let url = format!("{}/kv/{topic}/{}?key_encoding=base64url", cluster.url(1), URL_SAFE_NO_PAD.encode(key));
+        let value = [b"value of ", key].concat();
+        let reply = cluster.api().request(Method::PUT, &url, Some(Body::Raw(value.clone()))).await?;
+        written_at.insert(key, (value, written(&reply)?));
+    }
+    let paths: [(&[u8], &str); 5] =
+        [(b"..", ".."), (b"..", "%2E%2e"), (b".", "."), (b"a/./b", "a/./b"), (b"x/y/..", "x/y/..")];
+    for (key, raw) in paths {
+        let (value, w) = &written_at[key];
+        let host = description.partition(w.partition)?.replicas[0];
+        let Some(other) = cluster.node_ids().into_iter().find(|id| *id != host) else {
+            return Err(Error::Check("no node other than the host".into()));
+        };
+        for node in [host, other] {
+            let path = format!("/kv/{topic}/{raw}");
+            let what = format!("GET {path} from node {node}");
+            let base = cluster.url(node);
+            let reply = settled(&what, SETTLE_TIMEOUT, || cluster.api().get_path_as_is(&base, &path)).await?;
+            expect_hit(&reply, value, w.offset)?;
+            ensure_eq!(reply.header_u64(HEADER_NODE)?, host, "X-Kv-Node of {}", reply.summary());
+        }
+        let path = format!("/kv/{topic}/{raw}?forward=false&read=follower");
+        let refused = cluster.api().get_path_as_is(&cluster.url(other), &path).await?;
+        refused.expect_status(421)?;
+        let redirect = refused
+            .header(HEADER_REDIRECT)
+            .ok_or_else(|| Error::Check(format!("421 without X-Kv-Redirect: {}", refused.summary())))?;
+        expect_hit(&get_url(cluster, redirect).await?, value, w.offset)?;
+    }
+    Ok(())
+}
+
 /// A node that hosts no replica of a partition sends a read of it to a replica that answers:
 /// with the partition's leader killed (rf 2, so its other replica can never be elected alone),
 /// a `follower` lookup and a `follower` fetch through the outside node are answered by the
