@@ -212,6 +212,7 @@ impl ClusterState {
         if let Err(e) = validate_config(&config) {
             return result("invalid", e);
         }
+        let config = numbers_spelt_plainly(config);
         if let Some(existing) = self.topics.get(&c.name) {
             let same = existing.partitions.len() as u32 == c.partitions
                 && existing.replication_factor == c.replication_factor
@@ -311,7 +312,7 @@ impl ClusterState {
         if let Err(e) = validate_config(&config) {
             return result("invalid", e);
         }
-        topic.config = config;
+        topic.config = numbers_spelt_plainly(config);
         result("ok", format!("topic {} altered", a.name))
     }
 
@@ -537,6 +538,17 @@ fn with_defaults(config: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
         *policy = canonical;
     }
     c
+}
+
+/// `config` with whole numbers in their plain spelling (`+1024` and `01024` are `1024`), as
+/// Kafka keeps them once parsed.
+fn numbers_spelt_plainly(mut config: BTreeMap<String, String>) -> BTreeMap<String, String> {
+    for value in config.values_mut() {
+        if let Ok(n) = value.parse::<i64>() {
+            *value = n.to_string();
+        }
+    }
+    config
 }
 
 /// Whether two topic configs set the same keys to the same values, numbers read as numbers
@@ -875,6 +887,7 @@ mod tests {
         assert_eq!(state.apply(&create_with("1000")).status, "exists");
         assert_eq!(state.apply(&create_with("+1000")).status, "exists");
         assert_eq!(state.apply(&create_with("1001")).status, "conflict");
+        assert_eq!(state.topics["t"].config["retention.ms"], "1000", "kept as Kafka keeps it");
     }
 
     #[test]
@@ -960,6 +973,8 @@ mod tests {
         }
         assert_eq!(state.topics["t"].config["remote.storage.enable"], "true");
         assert!(state.topics["t"].tier_policy().is_some());
+        assert_eq!(state.apply(&alter(&[("segment.bytes", "+02048")])).status, "ok");
+        assert_eq!(state.topics["t"].config["segment.bytes"], "2048", "a number kept as Kafka keeps it");
     }
 
     #[test]
