@@ -177,6 +177,29 @@ pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {
     s.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).ok_or_else(|| format!("{s:?} is not key=value"))
 }
 
+/// Moves the client flags given before the command (`logdex --url URL cluster`) to just after
+/// it (`logdex cluster --url URL`), where they are defined; clap takes flags only after the
+/// command they belong to.
+pub fn client_flags_after_command(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    const WITH_VALUE: [&str; 3] = ["--url", "--token", "--ca-file"];
+    let mut end = 1;
+    while let Some(arg) = args.get(end).and_then(|a| a.to_str()) {
+        let name = arg.split_once('=').map_or(arg, |(name, _)| name);
+        if arg == "--json" || (WITH_VALUE.contains(&name) && arg.contains('=')) {
+            end += 1;
+        } else if WITH_VALUE.contains(&arg) {
+            end += 2;
+        } else {
+            break;
+        }
+    }
+    if end > 1 && end < args.len() {
+        let flags: Vec<_> = args.drain(1..end).collect();
+        args.splice(2..2, flags);
+    }
+    args
+}
+
 /// Adds the settings of `serve --config FILE` (or `LOGDEX_CONFIG`) as flags,
 /// except those already given as flags or `LOGDEX_*` environment variables:
 /// flags win over the environment, which wins over the file. Also returns the file's path
@@ -276,6 +299,27 @@ mod tests {
         assert_eq!(serve.node_id, 7);
         assert!(!serve.forward);
         assert_eq!(serve.http_addr.to_string(), "127.0.0.1:2");
+        Ok(())
+    }
+
+    #[test]
+    fn client_flags_before_the_command_are_taken() -> Result<(), Box<dyn std::error::Error>> {
+        let parse = |args: &[&str]| {
+            let args = client_flags_after_command(args.iter().map(Into::into).collect());
+            Cli::try_parse_from(args)
+        };
+        let Some(Command::Cluster { target }) = parse(&["logdex", "--url", "http://h:1", "--json", "cluster"])?.command
+        else {
+            return Err("not the cluster command".into());
+        };
+        assert_eq!((target.url.as_str(), target.json), ("http://h:1", true));
+        let Some(Command::Topic { target, .. }) = parse(&["logdex", "--url=http://h:2", "topic", "list"])?.command
+        else {
+            return Err("not the topic command".into());
+        };
+        assert_eq!(target.url, "http://h:2");
+        assert!(parse(&["logdex", "--url", "http://h:1"]).is_err(), "flags without a command stay refused");
+        assert!(parse(&["logdex", "--url", "http://h:1", "serve"]).is_err(), "serve takes no --url");
         Ok(())
     }
 

@@ -9,7 +9,8 @@ use clap::Parser;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    let (args, file) = match logdex_api::cli::with_config_file(std::env::args_os().collect()) {
+    let args = logdex_api::cli::client_flags_after_command(std::env::args_os().collect());
+    let (args, file) = match logdex_api::cli::with_config_file(args) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("logdex: {e}");
