@@ -156,12 +156,18 @@ pub fn kv_path(topic: &str, key: &[u8], query: &str) -> String {
     path
 }
 
-fn print_json(v: &Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+/// Writes `text` and a newline to stdout; a reader that went away (`logdex ... | head`) is an
+/// error to report, not a panic.
+fn say(text: impl std::fmt::Display) -> Result<(), String> {
+    writeln!(std::io::stdout().lock(), "{text}").map_err(|e| format!("writing to stdout: {e}"))
+}
+
+fn print_json(v: &Value) -> Result<(), String> {
+    say(serde_json::to_string_pretty(v).unwrap_or_default())
 }
 
 /// Left-aligned columns separated by two spaces.
-fn print_table(header: &[&str], rows: &[Vec<String>]) {
+fn print_table(header: &[&str], rows: &[Vec<String>]) -> Result<(), String> {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (i, cell) in row.iter().enumerate() {
@@ -172,12 +178,13 @@ fn print_table(header: &[&str], rows: &[Vec<String>]) {
     }
     let line = |cells: Vec<String>| {
         let text: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect();
-        println!("{}", text.join("  ").trim_end());
+        say(text.join("  ").trim_end())
     };
-    line(header.iter().map(|h| h.to_string()).collect());
+    line(header.iter().map(|h| h.to_string()).collect())?;
     for row in rows {
-        line(row.clone());
+        line(row.clone())?;
     }
+    Ok(())
 }
 
 fn cell(v: &Value) -> String {
@@ -189,13 +196,13 @@ fn cell(v: &Value) -> String {
     }
 }
 
-fn print_topic(v: &Value) {
-    println!(
+fn print_topic(v: &Value) -> Result<(), String> {
+    say(format_args!(
         "topic {}  replication factor {}  config {}",
         cell(&v["name"]),
         cell(&v["replication_factor"]),
         v["config"]
-    );
+    ))?;
     let rows: Vec<Vec<String>> = v["partitions"]
         .as_array()
         .into_iter()
@@ -212,7 +219,7 @@ fn print_topic(v: &Value) {
             ]
         })
         .collect();
-    print_table(&["PARTITION", "LEADER", "REPLICAS", "HIGH WATERMARK", "LOG START", "MOVE"], &rows);
+    print_table(&["PARTITION", "LEADER", "REPLICAS", "HIGH WATERMARK", "LOG START", "MOVE"], &rows)
 }
 
 pub async fn run(command: Command) -> Result<(), String> {
@@ -249,7 +256,7 @@ pub async fn run(command: Command) -> Result<(), String> {
             let mut out = std::io::stdout();
             out.write_all(&a.body).map_err(|e| e.to_string())?;
             if out.is_terminal() {
-                println!();
+                say("")?;
             }
             Ok(())
         }
@@ -261,20 +268,14 @@ pub async fn run(command: Command) -> Result<(), String> {
             let c = Client::new(&target)?;
             let path = format!("/topics/{}/partitions/{partition}/replicas", encode_key(topic.as_bytes()));
             let v = c.json_call(reqwest::Method::PUT, &path, &json!({ "replicas": nodes })).await?.ok()?.json()?;
-            if target.json {
-                print_json(&v)
-            } else {
-                print_topic(&v)
-            }
-            Ok(())
+            if target.json { print_json(&v) } else { print_topic(&v) }
         }
         Command::Cluster { target } => {
             let v = Client::new(&target)?.get("/cluster").await?.ok()?.json()?;
             if target.json {
-                print_json(&v);
-                return Ok(());
+                return print_json(&v);
             }
-            println!("controller leader: node {}", cell(&v["controller_leader"]));
+            say(format_args!("controller leader: node {}", cell(&v["controller_leader"])))?;
             let rows: Vec<Vec<String>> = v["nodes"]
                 .as_array()
                 .into_iter()
@@ -291,8 +292,7 @@ pub async fn run(command: Command) -> Result<(), String> {
                     ]
                 })
                 .collect();
-            print_table(&["NODE", "HTTP", "RPC", "STATE", "HOSTS", "LEADS"], &rows);
-            Ok(())
+            print_table(&["NODE", "HTTP", "RPC", "STATE", "HOSTS", "LEADS"], &rows)
         }
         Command::Serve(_) | Command::Dev(_) | Command::Bench(_) => Err("not a client command".into()),
     }
@@ -301,11 +301,10 @@ pub async fn run(command: Command) -> Result<(), String> {
 fn written(a: &Answer, json_out: bool) -> Result<(), String> {
     let v = a.json()?;
     if json_out {
-        print_json(&v);
+        print_json(&v)
     } else {
-        println!("partition {} offset {}", cell(&v["partition"]), cell(&v["offset"]));
+        say(format_args!("partition {} offset {}", cell(&v["partition"]), cell(&v["offset"])))
     }
-    Ok(())
 }
 
 async fn topic(command: TopicCommand, target: &Target) -> Result<(), String> {
@@ -323,11 +322,10 @@ async fn topic(command: TopicCommand, target: &Target) -> Result<(), String> {
         TopicCommand::List => {
             let v = c.get("/topics").await?.ok()?.json()?;
             if target.json {
-                print_json(&v);
-            } else {
-                for name in v["topics"].as_array().into_iter().flatten() {
-                    println!("{}", cell(name));
-                }
+                return print_json(&v);
+            }
+            for name in v["topics"].as_array().into_iter().flatten() {
+                say(cell(name))?;
             }
             return Ok(());
         }
@@ -337,12 +335,7 @@ async fn topic(command: TopicCommand, target: &Target) -> Result<(), String> {
         TopicCommand::Delete { name } => {
             let path = format!("/topics/{}", encode_key(name.as_bytes()));
             let v = c.send(reqwest::Method::DELETE, &path, None).await?.ok()?.json()?;
-            if target.json {
-                print_json(&v)
-            } else {
-                println!("deleted {name}")
-            }
-            return Ok(());
+            return if target.json { print_json(&v) } else { say(format_args!("deleted {name}")) };
         }
         TopicCommand::Alter { name, config } => {
             let config: serde_json::Map<String, Value> =
@@ -357,12 +350,7 @@ async fn topic(command: TopicCommand, target: &Target) -> Result<(), String> {
             .json()?
         }
     };
-    if target.json {
-        print_json(&v)
-    } else {
-        print_topic(&v)
-    }
-    Ok(())
+    if target.json { print_json(&v) } else { print_topic(&v) }
 }
 
 async fn produce(topic: &str, batch: usize, target: &Target) -> Result<(), String> {
@@ -427,7 +415,7 @@ async fn produce(topic: &str, batch: usize, target: &Target) -> Result<(), Strin
     if target.json {
         eprintln!("produced {total} records to {topic}");
     } else {
-        println!("produced {total} records to {topic}");
+        say(format_args!("produced {total} records to {topic}"))?;
     }
     Ok(())
 }
@@ -436,7 +424,7 @@ async fn produce(topic: &str, batch: usize, target: &Target) -> Result<(), Strin
 /// line of JSON.
 fn print_offsets(answer: &Answer, json_out: bool) -> Result<(), String> {
     if json_out {
-        println!("{}", answer.json()?);
+        say(answer.json()?)?;
     }
     Ok(())
 }

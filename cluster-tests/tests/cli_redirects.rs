@@ -140,3 +140,34 @@ async fn cli_produce_splits_a_batch_whose_partitions_have_different_leaders() ->
     .await;
     cluster.finish(outcome)
 }
+
+/// A reader that goes away before the CLI prints (`logdex ... | head -0`) gets a clear error
+/// from it and exit status 1, not a panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_output_to_a_closed_pipe_is_an_error_not_a_panic() -> Result<()> {
+    use std::process::Stdio;
+    let cluster = Cluster::start(1).await?;
+    let outcome = async {
+        let url = cluster.url(cluster.node_ids()[0]);
+        cli_ok(&url, &["topic", "create", "closed-pipe"]).await?;
+        for args in [&["topic", "describe", "closed-pipe", "--json"][..], &["topic", "list"], &["cluster"]] {
+            let mut command = tokio::process::Command::new(logdex_cluster_tests::cluster::binary_path()?);
+            command.args(args).args(["--url", &url]).kill_on_drop(true);
+            command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            let mut child = command.spawn().map_err(|e| Error::io(format!("running logdex {args:?}"), e))?;
+            // Closed before the CLI has its answer from the node to print.
+            drop(child.stdout.take());
+            let out = tokio::time::timeout(CLI_TIMEOUT, child.wait_with_output())
+                .await
+                .map_err(|_| Error::Check(format!("logdex {args:?} ran over {CLI_TIMEOUT:?}")))?
+                .map_err(|e| Error::io(format!("running logdex {args:?}"), e))?;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            ensure!(!stderr.contains("panicked"), "logdex {args:?} panicked: {stderr}");
+            ensure_eq!(out.status.code(), Some(1), "exit status of logdex {args:?} ({stderr})");
+            ensure!(stderr.contains("writing to stdout"), "logdex {args:?} said: {stderr}");
+        }
+        Ok(())
+    }
+    .await;
+    cluster.finish(outcome)
+}
