@@ -58,6 +58,52 @@ pub fn server(app: axum::Router, state: AppState) -> LogdexServer<Service> {
     LogdexServer::new(Service { app, state }).max_decoding_message_size(message_bytes_max)
 }
 
+/// Prost's codec, except that a message that does not decode (not protobuf, a string field
+/// that is not UTF-8) is `INVALID_ARGUMENT` `invalid_request`, as HTTP answers a body it cannot
+/// read with 400, where prost's says `INTERNAL`.
+pub struct RequestCodec<T, U>(tonic_prost::ProstCodec<T, U>);
+
+impl<T, U> Default for RequestCodec<T, U> {
+    fn default() -> Self {
+        RequestCodec(tonic_prost::ProstCodec::default())
+    }
+}
+
+impl<T, U> tonic::codec::Codec for RequestCodec<T, U>
+where
+    T: prost::Message + Send + 'static,
+    U: prost::Message + Default + Send + 'static,
+{
+    type Encode = T;
+    type Decode = U;
+    type Encoder = tonic_prost::ProstEncoder<T>;
+    type Decoder = BadInputDecoder<tonic_prost::ProstDecoder<U>>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        self.0.encoder()
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        BadInputDecoder(self.0.decoder())
+    }
+}
+
+/// See [`RequestCodec`].
+pub struct BadInputDecoder<D>(D);
+
+impl<D: tonic::codec::Decoder<Error = Status>> tonic::codec::Decoder for BadInputDecoder<D> {
+    type Item = D::Item;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Self::Item>, Status> {
+        self.0.decode(src).map_err(|e| Status::invalid_argument(format!("invalid_request: {}", e.message())))
+    }
+
+    fn buffer_settings(&self) -> tonic::codec::BufferSettings {
+        self.0.buffer_settings()
+    }
+}
+
 fn b64url(bytes: &[u8]) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }
@@ -120,7 +166,7 @@ fn status_of_error(e: &ApiError) -> Status {
 /// A gRPC status for an HTTP status, with the stable error code in the message and the
 /// redirect, if any, in the `x-kv-redirect` metadata.
 fn status_with(code: StatusCode, error_code: &str, message: &str, redirect: Option<&str>) -> Status {
-    let message = format!("{error_code}: {message}");
+    let message = format!("{error_code}: {}", within(message, STATUS_MESSAGE_BYTES_MAX));
     let mut status = match code {
         StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => Status::invalid_argument(message),
         StatusCode::NOT_FOUND => Status::not_found(message),
@@ -140,6 +186,19 @@ fn status_with(code: StatusCode, error_code: &str, message: &str, redirect: Opti
         status.metadata_mut().insert("x-kv-redirect", v);
     }
     status
+}
+
+/// Longest status message sent: it travels as an HTTP/2 header, which clients refuse over
+/// 16 KiB (a message naming a 20,000-byte topic would fail the call instead of answering it).
+const STATUS_MESSAGE_BYTES_MAX: usize = 1024;
+
+/// `text` cut to at most `max` bytes at a character boundary, `...` marking a cut.
+fn within(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return text.into();
+    }
+    let end = (0..=max - 3).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
+    format!("{}...", &text[..end]).into()
 }
 
 /// `topic` when it can name a topic (Kafka's rules: letters, digits, '.', '_', '-'), else the

@@ -135,8 +135,35 @@ async fn grpc_bad_topic_names_read_modes_and_sizes_are_refused_and_touch_nothing
     // A key far over its bound (and over a URI's) and a value over the body limit: too_large.
     expect(client.put(put("t", &vec![b'k'; 60_000], b"v".to_vec())).await, tonic::Code::InvalidArgument, "too_large")?;
     expect(client.put(put("t", b"big", vec![7; 10 << 20])).await, tonic::Code::InvalidArgument, "too_large")?;
+
+    // A topic name far over any topic's: still its answer, the message cut short enough for
+    // the status header (over 16 KiB a client refuses the header and the call fails instead).
+    let long = "x".repeat(20_000);
+    let status = client.get(get_request(&long, b"k")).await.err().ok_or("a 20,000-byte topic was found")?;
+    assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
+    assert!(status.message().starts_with("topic_not_found") && status.message().len() <= 1100, "{status:?}");
+    expect(client.put(put(&long, b"k", b"v".to_vec())).await, tonic::Code::NotFound, "topic_not_found")?;
+
+    // A request that does not decode (a topic that is not UTF-8): bad input, not a server fault.
+    let mut raw = tonic::client::Grpc::new(
+        tonic::transport::Channel::from_shared(format!("http://{}", node.rpc_addr))?.connect().await?,
+    );
+    raw.ready().await?;
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/logdex.api.v1.Logdex/Get");
+    let codec = tonic_prost::ProstCodec::<RawGetRequest, pb::GetResponse>::default();
+    let undecodable = raw.unary(tonic::Request::new(RawGetRequest { topic: vec![0xff, 0xfe] }), path, codec).await;
+    let status = undecodable.err().ok_or("a request that is not a GetRequest was served")?;
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().starts_with("invalid_request"), "{status:?}");
     node.shutdown().await;
     Ok(())
+}
+
+/// `GetRequest` with its topic (field 1, a string there) as any bytes.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawGetRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    topic: Vec<u8>,
 }
 
 fn get_request(topic: &str, key: &[u8]) -> pb::GetRequest {
