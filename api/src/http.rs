@@ -269,9 +269,14 @@ async fn wait_topic_ready(s: &AppState, name: &str, down: &[u64]) -> Result<Arc<
     }
 }
 
-async fn list_topics(State(s): State<AppState>) -> Json<Value> {
-    let names: Vec<String> = s.router.node.cluster().topics.keys().cloned().collect();
-    Json(json!({ "topics": names }))
+/// The topics; 503 on a node that has not joined the cluster yet, as for one topic.
+async fn list_topics(State(s): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let cluster = s.router.node.cluster();
+    if !cluster.nodes.contains_key(&s.router.node.node_id()) {
+        return Err(not_joined(&s));
+    }
+    let names: Vec<&String> = cluster.topics.keys().collect();
+    Ok(Json(json!({ "topics": names })))
 }
 
 /// The topic `name`; 404 when the cluster has none, but 503 on a node that has not joined the
@@ -281,13 +286,17 @@ pub(crate) fn topic(s: &AppState, name: &str) -> Result<Arc<TopicRecord>, ApiErr
     if let Some(t) = cluster.topics.get(name) {
         return Ok(t.clone());
     }
-    let me = s.router.node.node_id();
-    if !cluster.nodes.contains_key(&me) {
-        return Err(ApiError::Unavailable(format!(
-            "node {me} has not joined the cluster yet and does not know its topics; retry, or ask another node"
-        )));
+    if !cluster.nodes.contains_key(&s.router.node.node_id()) {
+        return Err(not_joined(s));
     }
     Err(ApiError::TopicNotFound(name.to_string()))
+}
+
+fn not_joined(s: &AppState) -> ApiError {
+    ApiError::Unavailable(format!(
+        "node {} has not joined the cluster yet and does not know its topics; retry, or ask another node",
+        s.router.node.node_id()
+    ))
 }
 
 async fn describe_topic(State(s): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {

@@ -68,6 +68,9 @@ pub async fn guard(State(g): State<Arc<Guard>>, request: Request, next: Next) ->
     let method = request.method().clone();
     let response = match admit(&g, &request, route) {
         Err(e) => e.into_response(),
+        // Health and metrics answer on a node busy to its bound too: a liveness probe must not
+        // take "busy" for "dead".
+        Ok(()) if open_route(route) => next.run(request).await,
         Ok(()) => match g.in_flight_slot() {
             Err(e) => e.into_response(),
             Ok(_permit) => next.run(request).await,
@@ -81,9 +84,14 @@ pub async fn guard(State(g): State<Arc<Guard>>, request: Request, next: Next) ->
 /// The route of key lookups, as requests and metrics name it.
 pub const LOOKUP_ROUTE: &str = "/kv/{topic}/{*key}";
 
+/// Routes open to every client, without the bearer token or a place among the requests in
+/// flight.
+fn open_route(route: &str) -> bool {
+    matches!(route, "/healthz" | "/readyz" | "/metrics")
+}
+
 fn admit(g: &Guard, request: &Request, route: &str) -> Result<(), ApiError> {
-    let open = matches!(route, "/healthz" | "/readyz" | "/metrics");
-    if !open {
+    if !open_route(route) {
         g.check_token(request.headers().get("authorization").and_then(|v| v.to_str().ok()))?;
     }
     let forwarded = request.headers().contains_key(crate::routing::FORWARDED_HEADER);

@@ -1,6 +1,7 @@
 //! `--requests-in-flight-max N`: a node serves at most N requests at once; one more answers
 //! 503 `unavailable` (with `Retry-After`) at once, over HTTP and over gRPC, and the node
-//! serves again when the requests in flight are done.
+//! serves again when the requests in flight are done; `/healthz` and `/metrics` answer all the
+//! while.
 
 mod common;
 
@@ -51,6 +52,10 @@ async fn a_request_beyond_the_in_flight_bound_answers_503_until_one_finishes() -
         let body: serde_json::Value = got.json().await?;
         assert_eq!(body["error"]["code"], "unavailable", "{body}");
         assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("in flight")), "{body}");
+        // Health and metrics still answer: a busy node is not a dead one.
+        for open in ["healthz", "metrics"] {
+            assert_eq!(http.get(format!("{url}/{open}")).send().await?.status(), 200, "/{open} on a busy node");
+        }
         let grpc = client.get(get()).await;
         // The waiting lookups give up after about 1 s; a Get answered later proves nothing.
         let too_late = started.elapsed() >= Duration::from_millis(900);

@@ -72,12 +72,12 @@ async fn configs_outside_kafkas_ranges_are_refused_on_create_and_alter() -> Test
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_that_has_not_joined_answers_503_for_topics_it_does_not_know() -> TestResult {
+async fn a_node_that_has_not_joined_answers_503_for_its_topics_and_a_list_of_them() -> TestResult {
     let dir = tempfile::tempdir()?;
     // Nothing listens on port 9 of loopback: the node never registers.
     let (node, url) = start_node_unready(dir.path(), "127.0.0.1:0", &["--join", "127.0.0.1:9"]).await?;
     let http = reqwest::Client::new();
-    for path in ["/topics/t", "/kv/t/k"] {
+    for path in ["/topics", "/topics/t", "/kv/t/k"] {
         let answer = error_code(http.get(format!("{url}{path}")).send().await?).await?;
         assert_eq!(answer, (503, "unavailable".to_string()), "GET {path}");
     }
