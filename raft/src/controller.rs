@@ -681,6 +681,19 @@ mod tests {
         })
     }
 
+    /// A create of the one-partition, one-replica topic `t` with `config`.
+    fn create_t_with(config: &[(&str, &str)]) -> pb::ControllerCommand {
+        pb::ControllerCommand {
+            kind: Some(Kind::CreateTopic(pb::CreateTopic {
+                name: "t".into(),
+                partitions: 1,
+                replication_factor: 1,
+                config: config.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+                down_nodes: Vec::new(),
+            })),
+        }
+    }
+
     fn register_all(state: &mut ClusterState, ids: std::ops::RangeInclusive<u64>) {
         for id in ids {
             register(state, id);
@@ -856,33 +869,16 @@ mod tests {
         let mut state = ClusterState::fresh();
         register(&mut state, 1);
         assert_eq!(create(&mut state, "t", 1, 1).status, "created");
-        let again = |config: &[(&str, &str)]| pb::ControllerCommand {
-            kind: Some(Kind::CreateTopic(pb::CreateTopic {
-                name: "t".into(),
-                partitions: 1,
-                replication_factor: 1,
-                config: config.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-                down_nodes: Vec::new(),
-            })),
-        };
         let defaults = [("cleanup.policy", "compact"), ("kv.index.enabled", "true")];
-        assert_eq!(state.apply(&again(&defaults)).status, "exists");
-        assert_eq!(state.apply(&again(&[("cleanup.policy", "delete")])).status, "conflict");
+        assert_eq!(state.apply(&create_t_with(&defaults)).status, "exists");
+        assert_eq!(state.apply(&create_t_with(&[("cleanup.policy", "delete")])).status, "conflict");
     }
 
     #[test]
     fn create_with_a_number_spelled_otherwise_is_the_same_topic() {
         let mut state = ClusterState::fresh();
         register(&mut state, 1);
-        let create_with = |retention: &str| pb::ControllerCommand {
-            kind: Some(Kind::CreateTopic(pb::CreateTopic {
-                name: "t".into(),
-                partitions: 1,
-                replication_factor: 1,
-                config: [("retention.ms".to_string(), retention.to_string())].into(),
-                down_nodes: Vec::new(),
-            })),
-        };
+        let create_with = |retention: &str| create_t_with(&[("retention.ms", retention)]);
         assert_eq!(state.apply(&create_with("01000")).status, "created");
         assert_eq!(state.apply(&create_with("1000")).status, "exists");
         assert_eq!(state.apply(&create_with("+1000")).status, "exists");
@@ -894,15 +890,7 @@ mod tests {
     fn create_naming_both_cleanup_policies_in_either_order_is_the_same_topic() {
         let mut state = ClusterState::fresh();
         register(&mut state, 1);
-        let create_with = |policy: &str| pb::ControllerCommand {
-            kind: Some(Kind::CreateTopic(pb::CreateTopic {
-                name: "t".into(),
-                partitions: 1,
-                replication_factor: 1,
-                config: [("cleanup.policy".to_string(), policy.to_string())].into(),
-                down_nodes: Vec::new(),
-            })),
-        };
+        let create_with = |policy: &str| create_t_with(&[("cleanup.policy", policy)]);
         assert_eq!(state.apply(&create_with("delete,compact")).status, "created");
         assert_eq!(state.apply(&create_with("compact,delete")).status, "exists");
         assert_eq!(state.apply(&create_with("delete,compact")).status, "exists");
