@@ -197,6 +197,8 @@ impl Router {
         headers: &HeaderMap,
     ) -> Result<Response, ApiError> {
         let mut outcome = Err(ApiError::Unavailable("the partition has no replicas".into()));
+        // What each target given up said, for the answer when none answers.
+        let mut given_up: Vec<String> = Vec::new();
         for &target in targets {
             let read = self.redirect(target, hop, Method::GET, path_and_query, headers, bytes::Bytes::new());
             outcome = match tokio::time::timeout(FORWARDED_READ_TIMEOUT, read).await {
@@ -209,11 +211,19 @@ impl Router {
                 Err(ApiError::NodeUnreachable(m) | ApiError::Timeout(m)) => {
                     tracing::debug!(target, error = %m, "read goes to the next replica");
                     self.forget_leader(group);
+                    given_up.push(m.clone());
                 }
                 _ => return outcome,
             }
         }
-        outcome
+        // Every target was given up: the answer names them all, not only the last.
+        match outcome {
+            Err(ApiError::Timeout(_)) if given_up.len() > 1 => Err(ApiError::Timeout(given_up.join("; "))),
+            Err(ApiError::NodeUnreachable(_)) if given_up.len() > 1 => {
+                Err(ApiError::NodeUnreachable(given_up.join("; ")))
+            }
+            other => other,
+        }
     }
 
     /// Sends the request on to `target`, or answers 421 / 503 when it may not move.
