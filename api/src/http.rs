@@ -473,10 +473,8 @@ fn path_and_query(uri: &Uri) -> String {
     let Some((topic, key)) = uri.path().strip_prefix("/kv/").and_then(|rest| rest.split_once('/')) else {
         return raw();
     };
-    let dot_segment = |segment: &str| {
-        let s = segment.to_ascii_lowercase().replace("%2e", ".");
-        s == "." || s == ".."
-    };
+    let dot_segment =
+        |segment: &str| [".", "..", "%2e", "%2e%2e", ".%2e", "%2e."].iter().any(|d| segment.eq_ignore_ascii_case(d));
     if !key.split('/').any(dot_segment) {
         return raw();
     }
@@ -1432,6 +1430,7 @@ mod tests {
     -> Result<(), Box<dyn std::error::Error>> {
         let b64 = |key: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(key);
         assert_eq!(onward("/kv/t/..")?, format!("/kv/t/{}?key_encoding=base64url", b64(b"..")));
+        assert_eq!(onward("/kv/t/.%2E")?, format!("/kv/t/{}?key_encoding=base64url", b64(b"..")));
         assert_eq!(onward("/kv/t/%2E")?, format!("/kv/t/{}?key_encoding=base64url", b64(b".")));
         assert_eq!(
             onward("/kv/t/a/./b?read=follower&key_encoding=utf8")?,
