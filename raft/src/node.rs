@@ -65,6 +65,11 @@ pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
 const CONTROLLER_CATCH_UP: Duration = Duration::from_secs(2);
 /// Tries of a read whose remote segments must be fetched first (tiered storage).
 const TIER_READ_ATTEMPTS: usize = 3;
+/// Longest a read waits for one segment from the tiered store before it answers 503 (with
+/// Retry-After; the fetch goes on): below a forwarding node's 5 s for a read.
+const TIER_FETCH_WAIT: Duration = Duration::from_secs(4);
+/// See [`fetch_segment`].
+const TIER_FETCHES_PENDING_MAX: usize = 16;
 /// How long a controller write (a topic create, an alter, a move) waits for the controller
 /// group to elect a leader, as a partition write waits for its group's (8 s), before it
 /// answers 503.
@@ -2212,16 +2217,18 @@ fn clean(p: &Partition, policy: &crate::controller::CleanupPolicy, last: Option<
 /// Reads that may find their data in tiered storage: run `read`; when it needs remote
 /// segments that are not cached, fetch them and run it again (a few times, since other reads
 /// may push them out of the bounded cache meanwhile).
-async fn with_tier<T>(partition: &Partition, mut read: impl FnMut() -> Result<T>) -> Result<T> {
+async fn with_tier<T>(partition: &Arc<Partition>, mut read: impl FnMut() -> Result<T>) -> Result<T> {
     for _ in 0..TIER_READ_ATTEMPTS {
         match read() {
             Err(Error::TierMiss { segments, .. }) => {
                 for segment in &segments {
-                    match partition.tier_cache().fetch(segment).await {
+                    match fetch_segment(partition, segment).await {
                         // Trimmed by retention and deleted before this replica applied the
-                        // trim: it will answer 410 once it has.
+                        // trim (it will answer 410 once it has), or lost by the store.
                         Err(Error::NotFound(what)) => {
-                            return Err(Error::Unavailable(format!("{what} is gone; retention trimmed it")));
+                            return Err(Error::Unavailable(format!(
+                                "{what} is gone: trimmed by retention (410 once this replica applies the trim) or lost by the store"
+                            )));
                         }
                         other => other?,
                     }
@@ -2231,6 +2238,46 @@ async fn with_tier<T>(partition: &Partition, mut read: impl FnMut() -> Result<T>
         }
     }
     read()
+}
+
+/// Segment fetches from the tiered store that may run on after the read that started them
+/// gave up waiting (a slow or hanging store), in this process.
+static TIER_FETCHES_PENDING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Fetches `segment` into the replica's cache for a read, which waits at most
+/// [`TIER_FETCH_WAIT`]: the fetch runs on as a task of its own, so a segment slower to come
+/// than that (a large one, a slow store) is cached for the read's retry, and a store that
+/// hangs (its client retries for about a minute) gets a 503 with Retry-After, not a read held
+/// past the client's patience and the HTTP idle limit. At most [`TIER_FETCHES_PENDING_MAX`]
+/// such fetches at once; a read beyond them answers 503 at once.
+async fn fetch_segment(partition: &Arc<Partition>, segment: &crate::tier::RemoteSegment) -> Result<()> {
+    use std::sync::atomic::Ordering::Relaxed;
+    struct Pending;
+    impl Drop for Pending {
+        fn drop(&mut self) {
+            TIER_FETCHES_PENDING.fetch_sub(1, Relaxed);
+        }
+    }
+    if TIER_FETCHES_PENDING.fetch_add(1, Relaxed) >= TIER_FETCHES_PENDING_MAX {
+        TIER_FETCHES_PENDING.fetch_sub(1, Relaxed);
+        return Err(Error::Unavailable(format!(
+            "{TIER_FETCHES_PENDING_MAX} fetches from the tiered store are still running; retry"
+        )));
+    }
+    let pending = Pending;
+    let (p, s) = (partition.clone(), segment.clone());
+    let task = tokio::spawn(async move {
+        let _pending = pending;
+        p.tier_cache().fetch(&s).await
+    });
+    match tokio::time::timeout(TIER_FETCH_WAIT, task).await {
+        Ok(Ok(fetched)) => fetched,
+        Ok(Err(e)) => Err(Error::Unavailable(format!("the fetch of object {} stopped: {e}", segment.object))),
+        Err(_) => Err(Error::Unavailable(format!(
+            "object {} is still coming from the tiered store after {TIER_FETCH_WAIT:?}; retry",
+            segment.object
+        ))),
+    }
 }
 
 /// The assignment of `g`'s partition in `state`, while it is still `g`'s group (its topic was
@@ -2394,6 +2441,46 @@ mod tests {
         std::fs::write(&file, b"x")?;
         let not_a_dir = claim_data_dir(&file, 1).err().ok_or("a regular file became a data directory")?;
         assert!(not_a_dir.to_string().contains(&file.display().to_string()), "{not_a_dir}");
+        Ok(())
+    }
+
+    /// A read that needs a segment from a tiered store that hangs answers 503 after
+    /// `TIER_FETCH_WAIT` (its fetch goes on), and beyond `TIER_FETCHES_PENDING_MAX` such
+    /// fetches a read answers 503 at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_waiting_on_a_hanging_tiered_store_answers_503_and_the_fetches_are_bounded()
+    -> std::result::Result<(), Box<dyn std::error::Error>> {
+        use object_store::throttle::ThrottleConfig;
+        use object_store::throttle::ThrottledStore;
+        let root = tempfile::tempdir()?;
+        let hanging = ThrottleConfig { wait_get_per_call: Duration::from_secs(3600), ..ThrottleConfig::default() };
+        let store = ThrottledStore::new(object_store::memory::InMemory::new(), hanging);
+        let store = crate::tier::TierStore::over(Arc::new(store));
+        let index = logdex_index::Index::open(&root.path().join("index"), logdex_index::IndexConfig::default())?;
+        let config = logdex_log::LogConfig::default();
+        let dir = root.path().join("partition");
+        let (p, _) = Partition::open_with_tier(3, 1 << 20, &dir, config, index, Some(store))?;
+        let p = Arc::new(p);
+        let segment = |base: u64| crate::tier::RemoteSegment {
+            base_offset: base,
+            next_offset: base + 10,
+            size_bytes: 100,
+            crc32c: 0,
+            max_timestamp_ms: 0,
+            object: format!("segment-{base}"),
+        };
+        let bound = Duration::from_secs(60);
+        let segments: Vec<_> = (0..TIER_FETCHES_PENDING_MAX as u64).map(|i| segment(i * 10)).collect();
+        let waits = segments.iter().map(|s| fetch_segment(&p, s));
+        let answers = tokio::time::timeout(bound, futures::future::join_all(waits)).await?;
+        for answer in answers {
+            let Err(Error::Unavailable(why)) = answer else { return Err(format!("{answer:?}").into()) };
+            assert!(why.contains("still coming from the tiered store"), "{why}");
+        }
+        // All of them still wait on the store: one more read is not given a fetch of its own.
+        let beyond = tokio::time::timeout(bound, fetch_segment(&p, &segment(1000))).await?;
+        let Err(Error::Unavailable(why)) = beyond else { return Err(format!("{beyond:?}").into()) };
+        assert!(why.contains("still running"), "{why}");
         Ok(())
     }
 
