@@ -104,7 +104,7 @@ pub struct BenchArgs {
     pub duration_secs: Option<u64>,
     /// Request-count bound of each run [default: --keys for load, 20000 for get1 and a single-client noop,
     /// none for getc and a concurrent noop].
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub requests: Option<u64>,
     /// Read modes, comma-separated (linearizable, strict, follower); one run per mode
     /// [default: linearizable,follower for get1, linearizable for getc].
@@ -205,7 +205,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         .timeout(Duration::from_millis(args.request_timeout_ms))
         .build()
         .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
-    let urls: Vec<String> = args.urls.iter().map(|u| u.trim_end_matches('/').to_string()).collect();
+    let urls: Vec<String> = args.urls.iter().map(|u| crate::client::base_url(u)).collect();
     let grpc = match args.protocol {
         Protocol::Http => None,
         Protocol::Grpc => Some(grpc_clients(&urls, Duration::from_millis(args.request_timeout_ms))?),
@@ -697,6 +697,9 @@ fn report(inputs: &[PathBuf]) -> Result<(), String> {
 }
 
 fn render_report(inputs: &[PathBuf]) -> Result<String, String> {
+    if inputs.is_empty() {
+        return Err("report needs --input FILE: the JSON lines of runs written with --json".into());
+    }
     let mut runs = Vec::new();
     let mut restarts = Vec::new();
     for path in inputs {
@@ -710,6 +713,9 @@ fn render_report(inputs: &[PathBuf]) -> Result<String, String> {
                 runs.push(serde_json::from_value::<RunReport>(value).map_err(bad)?);
             }
         }
+    }
+    if runs.is_empty() && restarts.is_empty() {
+        return Err("no runs in the --input files: give the JSON lines that --json writes".into());
     }
     let find = |pred: &dyn Fn(&RunReport) -> bool| runs.iter().rev().find(|r| pred(r)).cloned();
     // The floor of a row: the no-work call over the row's protocol, with one client or many; a
@@ -888,6 +894,18 @@ mod tests {
         let mut r = Stats::default().report(system, workload, read.map(String::from), clients, Duration::from_secs(1));
         r.protocol = protocol.map(String::from);
         r
+    }
+
+    #[test]
+    fn report_without_runs_is_an_error_not_an_empty_table() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let garbage = dir.path().join("garbage.jsonl");
+        std::fs::write(&garbage, "garbage\n")?;
+        let Err(none) = render_report(&[]) else { return Err("a report of no input".into()) };
+        assert!(none.contains("--input"), "{none}");
+        let Err(empty) = render_report(&[garbage]) else { return Err("a report of no runs".into()) };
+        assert!(empty.contains("no runs"), "{empty}");
+        Ok(())
     }
 
     #[test]

@@ -55,7 +55,7 @@ impl Answer {
 
 /// `url` without a trailing `/`, with `http://` in front when it names no scheme
 /// (`127.0.0.1:8080`).
-fn base_url(url: &str) -> String {
+pub(crate) fn base_url(url: &str) -> String {
     let url = url.trim_end_matches('/');
     if url.contains("://") { url.to_string() } else { format!("http://{url}") }
 }
