@@ -216,7 +216,7 @@ impl ClusterState {
         if let Some(existing) = self.topics.get(&c.name) {
             let same = existing.partitions.len() as u32 == c.partitions
                 && existing.replication_factor == c.replication_factor
-                && same_config(&with_defaults(&existing.config), &with_defaults(&config));
+                && with_defaults(&numbers_spelt_plainly(existing.config.clone())) == with_defaults(&config);
             return if same {
                 result("exists", format!("topic {} exists with the same settings", c.name))
             } else {
@@ -541,7 +541,8 @@ fn with_defaults(config: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
 }
 
 /// `config` with whole numbers in their plain spelling (`+1024` and `01024` are `1024`), as
-/// Kafka keeps them once parsed.
+/// Kafka keeps them once parsed. A create compares configs so spelt: a topic created before
+/// numbers were kept so may hold another spelling.
 fn numbers_spelt_plainly(mut config: BTreeMap<String, String>) -> BTreeMap<String, String> {
     for value in config.values_mut() {
         if let Ok(n) = value.parse::<i64>() {
@@ -549,14 +550,6 @@ fn numbers_spelt_plainly(mut config: BTreeMap<String, String>) -> BTreeMap<Strin
         }
     }
     config
-}
-
-/// Whether two topic configs set the same keys to the same values, numbers read as numbers
-/// (`01000` and `+1000` are `1000`, as Kafka parses them).
-fn same_config(a: &BTreeMap<&str, &str>, b: &BTreeMap<&str, &str>) -> bool {
-    let same_value =
-        |x: &str, y: &str| x == y || matches!((x.parse::<i64>(), y.parse::<i64>()), (Ok(m), Ok(n)) if m == n);
-    a.len() == b.len() && a.iter().zip(b).all(|((ka, va), (kb, vb))| ka == kb && same_value(va, vb))
 }
 
 /// `cleanup.policy` in one spelling (`compact`, `delete` or `compact,delete`) for a value that

@@ -2025,8 +2025,9 @@ fn produce_error(group: GroupId, node: NodeId, status: tonic::Status, connect_fa
     }
 }
 
-/// True for the texts tonic and h2 give a connection that failed under a call (a peer's
-/// own errors travel as their `Error` text, which none of these begin with).
+/// True for the texts tonic and h2 give a connection that failed under a call, and for the
+/// one of a call stream closed because it answered nothing for too long (`Calls::call`); a
+/// peer's own errors travel as their `Error` text, which names none of these.
 fn transport_broke(message: &str) -> bool {
     [
         "h2 protocol error",

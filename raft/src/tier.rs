@@ -790,11 +790,14 @@ impl TierCache {
             return Ok(());
         }
         let (tmp, file) = blocking(|| self.tmp_copy(segment))?;
-        // Removes the partial copy however the fetch ends, also when its caller gives up on
-        // it (a read bounded in time drops this future mid-transfer).
-        let partial = PartialCopy(tmp);
-        let sum = store.get_to_file(&segment.object, &file).await?;
-        blocking(|| self.install(segment, &partial.0, sum)).map(|_| ())
+        // A copy cut short by a stop of the node is removed when the cache opens next.
+        match store.get_to_file(&segment.object, &file).await {
+            Ok(sum) => blocking(|| self.install(segment, &tmp, sum)).map(|_| ()),
+            Err(e) => {
+                blocking(|| remove_dir(&tmp))?;
+                Err(e)
+            }
+        }
     }
 
     /// The cached copy of `segment`, fetched first when missing, from synchronous code (the
@@ -883,17 +886,6 @@ fn check_sum(segment: &RemoteSegment, (size, crc): (u64, u32)) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// A cache copy being written, removed when dropped unless installed (renamed away) first.
-struct PartialCopy(PathBuf);
-
-impl Drop for PartialCopy {
-    fn drop(&mut self) {
-        if let Err(e) = remove_dir(&self.0) {
-            tracing::warn!(dir = %self.0.display(), error = %e, "cannot remove a partial tiered segment copy");
-        }
-    }
 }
 
 fn remove_dir(dir: &Path) -> Result<()> {
