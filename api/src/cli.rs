@@ -37,6 +37,9 @@ pub enum Command {
         key: String,
         /// Value (UTF-8 text), or `-` to read it from stdin (any bytes).
         value: String,
+        /// The key's partition, when it was written to one other than murmur2 of its bytes picks.
+        #[arg(long)]
+        partition: Option<u32>,
         #[command(flatten)]
         target: Target,
     },
@@ -52,6 +55,9 @@ pub enum Command {
         /// Print partition, offset, high watermark and serving node on stderr.
         #[arg(short, long)]
         verbose: bool,
+        /// The key's partition, when it was written to one other than murmur2 of its bytes picks.
+        #[arg(long)]
+        partition: Option<u32>,
         #[command(flatten)]
         target: Target,
     },
@@ -61,6 +67,9 @@ pub enum Command {
         topic: String,
         /// Key (UTF-8 text; its partition is Kafka's murmur2 of its bytes).
         key: String,
+        /// The key's partition, when it was written to one other than murmur2 of its bytes picks.
+        #[arg(long)]
+        partition: Option<u32>,
         #[command(flatten)]
         target: Target,
     },

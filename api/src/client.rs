@@ -140,6 +140,11 @@ pub fn encode_key(key: &[u8]) -> String {
 /// The path of a key's lookup, write or delete, with `query` (`name=value&...`, or empty).
 /// The keys `.` and `..` travel base64url-encoded: URL clients resolve them as dot segments,
 /// percent-encoded or not, and the request would reach another route.
+/// The query naming a key's partition (`--partition`), or nothing.
+fn in_partition(partition: Option<u32>) -> String {
+    partition.map(|p| format!("partition={p}")).unwrap_or_default()
+}
+
 pub fn kv_path(topic: &str, key: &[u8], query: &str) -> String {
     use base64::Engine;
     let topic = encode_key(topic.as_bytes());
@@ -225,7 +230,7 @@ fn print_topic(v: &Value) -> Result<(), String> {
 pub async fn run(command: Command) -> Result<(), String> {
     match command {
         Command::Topic { command, target } => topic(command, &target).await,
-        Command::Put { topic, key, value, target } => {
+        Command::Put { topic, key, value, partition, target } => {
             let value = if value == "-" {
                 let mut buf = Vec::new();
                 std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf).map_err(|e| e.to_string())?;
@@ -234,17 +239,22 @@ pub async fn run(command: Command) -> Result<(), String> {
                 value.into_bytes()
             };
             let c = Client::new(&target)?;
-            let a = c.send(reqwest::Method::PUT, &kv_path(&topic, key.as_bytes(), ""), Some(value)).await?.ok()?;
+            let a = c
+                .send(reqwest::Method::PUT, &kv_path(&topic, key.as_bytes(), &in_partition(partition)), Some(value))
+                .await?
+                .ok()?;
             written(&a, target.json)
         }
-        Command::Del { topic, key, target } => {
+        Command::Del { topic, key, partition, target } => {
             let c = Client::new(&target)?;
-            let a = c.send(reqwest::Method::DELETE, &kv_path(&topic, key.as_bytes(), ""), None).await?.ok()?;
+            let path = kv_path(&topic, key.as_bytes(), &in_partition(partition));
+            let a = c.send(reqwest::Method::DELETE, &path, None).await?.ok()?;
             written(&a, target.json)
         }
-        Command::Get { topic, key, read, verbose, target } => {
+        Command::Get { topic, key, read, verbose, partition, target } => {
             let c = Client::new(&target)?;
-            let a = c.get(&kv_path(&topic, key.as_bytes(), &format!("read={read}"))).await?;
+            let query = [format!("read={read}"), in_partition(partition)].join("&");
+            let a = c.get(&kv_path(&topic, key.as_bytes(), query.trim_end_matches('&'))).await?;
             if verbose {
                 for name in ["x-kv-partition", "x-kv-offset", "x-kv-high-watermark", "x-kv-node", "x-kv-timestamp"] {
                     if let Some(v) = a.headers.get(name).and_then(|v| v.to_str().ok()) {

@@ -541,11 +541,15 @@ fn percent_decode(s: &str) -> Result<Vec<u8>, ApiError> {
 /// A partition number from a path or a query (`invalid_partition` when it is not one).
 fn partition_number(text: &str) -> Result<u32, ApiError> {
     // Digits only: `u32::from_str` also takes a leading `+`.
-    text.bytes()
-        .all(|b| b.is_ascii_digit())
-        .then(|| text.parse().ok())
-        .flatten()
-        .ok_or_else(|| ApiError::bad("invalid_partition", format!("a partition is a number from 0 up, not {text:?}")))
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(ApiError::bad("invalid_partition", format!("a partition is a number from 0 up, not {text:?}")));
+    }
+    text.parse().map_err(|_| {
+        ApiError::bad(
+            "invalid_partition",
+            format!("no topic has partition {text}: partitions are numbered below {}", u32::MAX),
+        )
+    })
 }
 
 fn partition_of<'a>(t: &'a TopicRecord, partition: Option<u32>, key: &[u8]) -> Result<&'a PartitionRecord, ApiError> {
@@ -727,9 +731,18 @@ struct ProduceRecord {
 fn record_partition(partition: Option<Value>, i: usize) -> Result<Option<u32>, ApiError> {
     match partition {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_u64().and_then(|p| u32::try_from(p).ok()).map(Some).ok_or_else(|| {
-            ApiError::bad("invalid_partition", format!("record {i}: a partition is a number from 0 up, not {v}"))
-        }),
+        Some(v) => match v.as_u64() {
+            Some(p) => u32::try_from(p).map(Some).map_err(|_| {
+                ApiError::bad(
+                    "invalid_partition",
+                    format!("record {i}: no topic has partition {p}: partitions are numbered below {}", u32::MAX),
+                )
+            }),
+            None => Err(ApiError::bad(
+                "invalid_partition",
+                format!("record {i}: a partition is a number from 0 up, not {v}"),
+            )),
+        },
     }
 }
 
@@ -1445,5 +1458,30 @@ mod tests {
         assert_eq!(onward("/kv/t/Li4?key_encoding=base64url")?, "/kv/t/Li4?key_encoding=base64url");
         assert_eq!(onward("/topics/t/partitions/0/records?offset=1")?, "/topics/t/partitions/0/records?offset=1");
         Ok(())
+    }
+
+    fn refusal(result: Result<u32, ApiError>) -> String {
+        match result {
+            Err(ApiError::BadRequest { code, message }) => format!("{code}: {message}"),
+            other => panic!("expected a 400, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn partition_numbers_are_plain_digits_and_one_too_large_is_named_as_such() {
+        assert_eq!(partition_number("0").ok(), Some(0));
+        assert_eq!(partition_number("4294967295").ok(), Some(u32::MAX));
+        for text in ["", "-1", "+1", "1.0", " 1", "x"] {
+            assert!(refusal(partition_number(text)).contains("a number from 0 up"), "{text:?}");
+        }
+        let too_large = refusal(partition_number("4294967296"));
+        assert!(too_large.starts_with("invalid_partition: no topic has partition 4294967296"), "{too_large}");
+        let in_a_record = match record_partition(Some(json!(4294967296u64)), 3) {
+            Err(ApiError::BadRequest { message, .. }) => message,
+            other => panic!("expected a 400, got {other:?}"),
+        };
+        assert!(in_a_record.starts_with("record 3: no topic has partition 4294967296"), "{in_a_record}");
+        assert_eq!(record_partition(Some(json!(5)), 0).ok(), Some(Some(5)));
+        assert_eq!(record_partition(Some(Value::Null), 0).ok(), Some(None));
     }
 }

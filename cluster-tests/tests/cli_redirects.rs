@@ -171,3 +171,38 @@ async fn cli_output_to_a_closed_pipe_is_an_error_not_a_panic() -> Result<()> {
     .await;
     cluster.finish(outcome)
 }
+
+/// `logdex put`, `get` and `del` with `--partition` write, read and delete the key in the
+/// partition named, not in the one murmur2 of its bytes picks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_put_get_del_with_partition_use_the_partition_named() -> Result<()> {
+    let cluster = Cluster::start(1).await?;
+    let outcome = async {
+        let url = cluster.url(cluster.node_ids()[0]);
+        cli_ok(&url, &["topic", "create", "placed", "--partitions", "4"]).await?;
+        let hashed = cli_ok(&url, &["put", "placed", "k", "hashed"]).await?;
+        let default: u32 = hashed
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| Error::Check(format!("put printed {hashed:?}")))?;
+        let other = ((default + 1) % 4).to_string();
+
+        let placed = cli_ok(&url, &["put", "placed", "k", "placed", "--partition", &other]).await?;
+        ensure!(placed.starts_with(&format!("partition {other} ")), "put --partition {other} printed {placed:?}");
+        ensure_eq!(
+            cli_ok(&url, &["get", "placed", "k", "--partition", &other]).await?.trim_end(),
+            "placed",
+            "the key in partition {other}"
+        );
+        ensure_eq!(cli_ok(&url, &["get", "placed", "k"]).await?.trim_end(), "hashed", "the key's own partition");
+
+        cli_ok(&url, &["del", "placed", "k", "--partition", &other]).await?;
+        let (ok, _, stderr) = cli(&url, &["get", "placed", "k", "--partition", &other, "--read", "follower"]).await?;
+        ensure!(!ok && stderr.contains("404"), "deleted in partition {other}, got: {stderr}");
+        ensure_eq!(cli_ok(&url, &["get", "placed", "k"]).await?.trim_end(), "hashed", "untouched by the delete");
+        Ok(())
+    }
+    .await;
+    cluster.finish(outcome)
+}
