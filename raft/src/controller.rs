@@ -171,10 +171,13 @@ impl ClusterState {
         }
     }
 
-    /// Registers a node, or updates its addresses. An id already registered from another data
-    /// directory is refused: it is another process taking the id (its peers would send it the
-    /// replicas of the node it impersonates), or the same node after its data was lost, whose
-    /// Raft logs no longer hold what it acknowledged; such a node joins under a new id.
+    /// Registers a node, or updates its HTTP address. An id already registered from another
+    /// data directory is refused: it is another process taking the id (its peers would send it
+    /// the replicas of the node it impersonates), or the same node after its data was lost,
+    /// whose Raft logs no longer hold what it acknowledged; such a node joins under a new id.
+    /// So is a registered node at another RPC address: the Raft groups it is a member of (the
+    /// controller's among them) name it by the address it registered with, and would go on
+    /// sending it their entries there.
     fn register_node(&mut self, r: &pb::RegisterNode) -> pb::ControllerResult {
         let mut record = NodeRecord {
             node_id: r.node_id,
@@ -190,6 +193,17 @@ impl ClusterState {
                         "node id {} is registered by another data directory (at {}); a node whose data was lost, \
                          or a new node, joins under an id of its own, and the partitions move off the old id",
                         r.node_id, existing.rpc_addr
+                    ),
+                );
+            }
+            if existing.rpc_addr != r.rpc_addr {
+                return result(
+                    "conflict",
+                    format!(
+                        "node {} is registered at RPC address {}, and its groups' replicas know it there: \
+                         start it with --rpc-addr {} (a node at another address joins under an id of its own, \
+                         and the partitions move off the old id)",
+                        r.node_id, existing.rpc_addr, existing.rpc_addr
                     ),
                 );
             }
@@ -647,11 +661,10 @@ mod tests {
         let mut state = ClusterState::default();
         assert_eq!(register_from(&mut state, 4, 7004, 11).status, "ok");
         assert_eq!(register_from(&mut state, 4, 7004, 11).status, "exists", "a retry of the same registration");
-        assert_eq!(register_from(&mut state, 4, 7014, 11).status, "ok", "the same directory at a new address");
-        let refused = register_from(&mut state, 4, 7024, 22);
+        let refused = register_from(&mut state, 4, 7004, 22);
         assert_eq!(refused.status, "conflict", "{}", refused.message);
-        assert_eq!(state.nodes[&4].rpc_addr, "127.0.0.1:7014", "the refused registration changed nothing");
-        assert_eq!(register_from(&mut state, 4, 7014, 0).status, "exists", "a node that predates incarnations");
+        assert_eq!(state.nodes[&4].incarnation, 11, "the refused registration changed nothing");
+        assert_eq!(register_from(&mut state, 4, 7004, 0).status, "exists", "a node that predates incarnations");
         assert_eq!(state.nodes[&4].incarnation, 11);
         assert_eq!(register_from(&mut state, 5, 7005, 0).status, "ok");
         assert_eq!(
@@ -660,6 +673,28 @@ mod tests {
             "an unknown directory takes the first one seen"
         );
         assert_eq!(register_from(&mut state, 5, 7005, 44).status, "conflict");
+    }
+
+    #[test]
+    fn a_registered_node_at_another_rpc_address_is_refused_and_may_change_its_http_address() {
+        let mut state = ClusterState::default();
+        assert_eq!(register_from(&mut state, 4, 7004, 11).status, "ok");
+        for incarnation in [11, 0] {
+            let refused = register_from(&mut state, 4, 7014, incarnation);
+            assert_eq!(refused.status, "conflict", "{}", refused.message);
+            assert!(refused.message.contains("start it with --rpc-addr 127.0.0.1:7004"), "{}", refused.message);
+            assert_eq!(state.nodes[&4].rpc_addr, "127.0.0.1:7004", "the refused registration changed nothing");
+        }
+        let moved_http = pb::ControllerCommand {
+            kind: Some(Kind::RegisterNode(pb::RegisterNode {
+                node_id: 4,
+                rpc_addr: "127.0.0.1:7004".into(),
+                http_addr: "127.0.0.1:9004".into(),
+                incarnation: 11,
+            })),
+        };
+        assert_eq!(state.apply(&moved_http).status, "ok");
+        assert_eq!(state.nodes[&4].http_addr, "127.0.0.1:9004");
     }
 
     fn create(state: &mut ClusterState, name: &str, partitions: u32, rf: u32) -> pb::ControllerResult {

@@ -558,6 +558,7 @@ impl Node {
             })),
         };
         let mut stop = self.inner.stop.subscribe();
+        let mut refusals = 0;
         for attempt in 0u64.. {
             let registered = self
                 .cluster()
@@ -572,11 +573,30 @@ impl Node {
             // Not `controller_write`: this node's controller replica may not be a learner yet.
             let result = match self.controller_write_at(cmd.clone(), false).await {
                 Ok((r, _)) => Ok(r),
+                // A joining node's own controller replica knows no leader: only what its
+                // peers said tells why.
+                Err(_) if !in_membership => self.register_via_peers(&cmd).await,
                 Err(e) => self
                     .register_via_peers(&cmd)
                     .await
                     .map_err(|peers| Error::unavailable(format!("{e}; through the peers: {peers}"))),
             };
+            // A peer that refuses this node's token or certificate refuses every retry: the
+            // node stops with the reason rather than wait for ever.
+            match &result {
+                Err(e) if refused_as_a_peer(&e.to_string()) => refusals += 1,
+                _ => refusals = 0,
+            }
+            if refusals >= REGISTRATION_REFUSALS_MAX {
+                let e = result.as_ref().err().map(ToString::to_string).unwrap_or_default();
+                tracing::error!(error = %e, "the cluster refused this node's token or certificate");
+                let reason = format!(
+                    "registration refused: {e} (every node needs the same --rpc-token-file, and a certificate its peers' \
+                     --tls-ca-file trusts)"
+                );
+                let _ = self.inner.fatal.send(Some(reason));
+                return;
+            }
             if let Some(refused) = result.as_ref().ok().filter(|r| r.status == "conflict") {
                 tracing::error!(message = %refused.message, "the cluster refused this node's registration");
                 let _ = self.inner.fatal.send(Some(format!("registration refused: {}", refused.message)));
@@ -2023,6 +2043,18 @@ fn produce_error(group: GroupId, node: NodeId, status: tonic::Status, connect_fa
         }
         _ => Error::remote_unavailable(status.message()),
     }
+}
+
+/// Registration attempts in a row that a peer refuses (its token or its TLS certificate)
+/// before the node stops with the reason; every 500 ms.
+const REGISTRATION_REFUSALS_MAX: u32 = 6;
+
+/// True for the texts of a peer's refusal that no retry can change: this node's node-to-node
+/// token ([`crate::service::RequireToken`]), or a certificate that one side does not trust.
+fn refused_as_a_peer(message: &str) -> bool {
+    ["missing or wrong node-to-node token", "invalid peer certificate", "unknownca", "badcertificate"]
+        .iter()
+        .any(|marker| message.to_ascii_lowercase().contains(marker))
 }
 
 /// True for the texts tonic and h2 give a connection that failed under a call, and for the

@@ -51,7 +51,12 @@ const CALL_DEADLINE: std::time::Duration =
 #[derive(Clone)]
 pub struct RequireToken {
     expected: Option<String>,
+    /// When a refusal was last logged: a peer with another token calls many times a second.
+    warned_at: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
+
+/// Least time between two warnings of refused node-to-node calls.
+const REFUSED_TOKEN_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl tonic::service::Interceptor for RequireToken {
     fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
@@ -64,7 +69,19 @@ impl tonic::service::Interceptor for RequireToken {
         let ok = given.is_some_and(|g| {
             g.len() == expected.len() && g.bytes().zip(expected.bytes()).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0
         });
-        if ok { Ok(request) } else { Err(Status::unauthenticated("missing or wrong node-to-node token")) }
+        if ok {
+            return Ok(request);
+        }
+        let mut warned_at = self.warned_at.lock().unwrap_or_else(|p| p.into_inner());
+        if warned_at.is_none_or(|at| at.elapsed() >= REFUSED_TOKEN_WARN_EVERY) {
+            *warned_at = Some(std::time::Instant::now());
+            let from = request.remote_addr().map_or_else(|| "a peer".to_string(), |a| a.to_string());
+            tracing::warn!(
+                from,
+                "refused a node-to-node call with a missing or wrong token: every node needs the same --rpc-token-file"
+            );
+        }
+        Err(Status::unauthenticated("missing or wrong node-to-node token"))
     }
 }
 
@@ -74,7 +91,7 @@ pub fn server(node: Node) -> tonic::service::interceptor::InterceptedService<Raf
     let server = RaftServiceServer::new(Service { node })
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
         .max_encoding_message_size(MESSAGE_BYTES_MAX);
-    tonic::service::interceptor::InterceptedService::new(server, RequireToken { expected })
+    tonic::service::interceptor::InterceptedService::new(server, RequireToken { expected, warned_at: Arc::default() })
 }
 
 impl Service {
