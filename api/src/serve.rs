@@ -265,6 +265,9 @@ impl ServeArgs {
     ) -> Result<NodeConfig, String> {
         let rpc_addr = self.advertise_rpc_addr.clone().unwrap_or_else(|| rpc_bound.to_string());
         let http_addr = self.advertise_http_addr.clone().unwrap_or_else(|| http_bound.to_string());
+        if let Some(tls) = tls {
+            tls.check_valid_for(&[&rpc_addr, &http_addr]).map_err(|e| e.to_string())?;
+        }
         if let Some(join) = &self.join {
             check_address(join).map_err(|e| format!("--join: {e}"))?;
         }

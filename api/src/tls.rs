@@ -89,6 +89,41 @@ impl NodeTls {
         Ok(NodeTls { cert_pem, key_pem, ca_pem, server: Arc::new(server) })
     }
 
+    /// Checks the node's certificate as its peers and clients will: it chains to the CA file,
+    /// is valid now, and names the host of each address the node advertises. A node whose
+    /// peers would refuse its certificate is refused at start, naming the reason, instead of
+    /// registering and then never hearing from them.
+    pub fn check_valid_for(&self, addresses: &[&str]) -> Result<(), TlsError> {
+        use rustls::client::danger::ServerCertVerifier;
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in CertificateDer::pem_slice_iter(&self.ca_pem).flatten() {
+            roots.add(ca).map_err(|e| TlsError::Config(format!("a CA certificate of --tls-ca-file: {e}")))?;
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .map_err(|e| TlsError::Config(format!("--tls-ca-file: {e}")))?;
+        let chain = CertificateDer::pem_slice_iter(&self.cert_pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        let Some((own, intermediates)) = chain.split_first() else {
+            return Err(TlsError::Config("--tls-cert-file holds no certificate".into()));
+        };
+        for address in addresses {
+            let host = host_of(address);
+            let name = rustls::pki_types::ServerName::try_from(host.to_string())
+                .map_err(|e| TlsError::Config(format!("the host of advertised address {address}: {e}")))?;
+            verifier.verify_server_cert(own, intermediates, &name, &[], rustls::pki_types::UnixTime::now()).map_err(
+                |e| {
+                    TlsError::Config(format!(
+                        "peers and clients would refuse this node's certificate (--tls-cert-file) at {address}: {e}"
+                    ))
+                },
+            )?;
+        }
+        Ok(())
+    }
+
     /// The CA certificates (PEM) peers are verified against.
     pub fn ca_pem(&self) -> &[u8] {
         &self.ca_pem
@@ -109,6 +144,12 @@ impl NodeTls {
     pub fn listener(&self, tcp: TcpListener) -> TlsListener {
         TlsListener::new(tcp, TlsAcceptor::from(self.server.clone()))
     }
+}
+
+/// The host of a `host:port` address, without an IPv6 address's brackets.
+fn host_of(address: &str) -> &str {
+    let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+    host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host)
 }
 
 /// An HTTP client trusting only the CA certificates of the PEM file at `path` (the
@@ -238,6 +279,28 @@ mod tests {
         )?;
         assert_eq!(tls.ca_pem(), ca.as_bytes());
         assert_eq!(tls.http_roots()?.len(), 1);
+        Ok(())
+    }
+
+    #[test]
+    fn a_certificate_is_checked_against_the_ca_and_the_advertised_hosts() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let (ca, cert, key) = pki()?;
+        let (other_ca, _, _) = pki()?;
+        let (cert, key) = (write(dir.path(), "cert.pem", &cert)?, write(dir.path(), "key.pem", &key)?);
+        let tls = NodeTls::load(&cert, &key, &write(dir.path(), "ca.pem", &ca)?)?;
+        tls.check_valid_for(&["127.0.0.1:9091", "127.0.0.1:8081"])?;
+        let elsewhere =
+            tls.check_valid_for(&["127.0.0.1:9091", "127.0.0.2:8081"]).err().ok_or("another host passed")?;
+        assert!(elsewhere.to_string().contains("at 127.0.0.2:8081"), "{elsewhere}");
+        let untrusted = NodeTls::load(&cert, &key, &write(dir.path(), "other-ca.pem", &other_ca)?)?
+            .check_valid_for(&["127.0.0.1:9091"])
+            .err()
+            .ok_or("a certificate of another CA passed")?;
+        // Both test CAs bear rcgen's default name, so the check fails on the signature.
+        assert!(untrusted.to_string().contains("invalid peer certificate"), "{untrusted}");
+        assert_eq!(host_of("[::1]:9091"), "::1");
+        assert_eq!(host_of("node-1.example:9091"), "node-1.example");
         Ok(())
     }
 

@@ -150,3 +150,51 @@ async fn plain_http2_opening(addr: std::net::SocketAddr) -> Result<Vec<u8>> {
     }
     Ok(first)
 }
+
+/// A node whose certificate does not name the address it advertises, or that another CA
+/// signed, would be refused by every peer: it does not start, and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_whose_certificate_its_peers_would_refuse_does_not_start() -> Result<()> {
+    let dir = tempfile::tempdir().map_err(|e| Error::io("creating a directory", e))?;
+    let files = TestPki::generate("logdex test CA")?.write(dir.path())?;
+    let other_ca = TestPki::generate("another CA")?.write(&dir.path().join("other"))?;
+    let data = dir.path().join("data");
+    let data = data.to_string_lossy();
+    let text = |p: &std::path::Path| p.to_string_lossy().to_string();
+    let (cert, key, ca, other) = (text(&files.cert), text(&files.key), text(&files.ca), text(&other_ca.ca));
+    let serve = |advertised: &'static str, ca: String| {
+        let data = data.to_string();
+        let (cert, key) = (cert.clone(), key.clone());
+        async move {
+            let args = [
+                "serve",
+                "--node-id",
+                "1",
+                "--data-dir",
+                &data,
+                "--http-addr",
+                "127.0.0.1:0",
+                "--rpc-addr",
+                "127.0.0.1:0",
+                "--advertise-rpc-addr",
+                advertised,
+                "--tls-cert-file",
+                &cert,
+                "--tls-key-file",
+                &key,
+                "--tls-ca-file",
+                &ca,
+            ];
+            logdex_cluster_tests::support::run_logdex(&args, "", Duration::from_secs(30)).await
+        }
+    };
+    // 127.0.0.99 is not among the test certificate's names.
+    let (ok, _, stderr) = serve("127.0.0.99:9091", ca).await?;
+    ensure!(
+        !ok && stderr.contains("would refuse this node's certificate") && stderr.contains("127.0.0.99:9091"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = serve("127.0.0.1:9091", other).await?;
+    ensure!(!ok && stderr.contains("invalid peer certificate"), "{stderr}");
+    Ok(())
+}

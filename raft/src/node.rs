@@ -602,12 +602,20 @@ impl Node {
                 let _ = self.inner.fatal.send(Some(format!("registration refused: {}", refused.message)));
                 return;
             }
-            if let Err(e) = result {
-                if attempt % 20 == 3 {
-                    tracing::warn!(error = %e, attempt, "cannot register with the controller yet");
-                } else {
-                    tracing::debug!(error = %e, attempt, "registration not done yet");
+            match result {
+                Err(e) if attempt % 20 == 3 => {
+                    tracing::warn!(error = %e, attempt, "cannot register with the controller yet")
                 }
+                Err(e) => tracing::debug!(error = %e, attempt, "registration not done yet"),
+                // Taken, yet this node's controller replica does not show it: the controller's
+                // entries do not reach this node at the address it registered.
+                Ok(_) if attempt % 20 == 10 => tracing::warn!(
+                    attempt,
+                    rpc_addr = %config.rpc_addr,
+                    "the controller took this node's registration, but its entries do not reach this node: \
+                     can the peers connect to its RPC address, and do they trust its TLS certificate?"
+                ),
+                Ok(_) => {}
             }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(500)) => {}
