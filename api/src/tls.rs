@@ -192,7 +192,14 @@ impl TlsListener {
                 let (acceptor, ready) = (acceptor.clone(), ready.clone());
                 tokio::spawn(async move {
                     let _slot = slot;
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    let handshake = async {
+                        let mut stream = stream;
+                        if answered_plain_http(&mut stream).await {
+                            return Err(std::io::Error::other("a plain HTTP request; answered 400"));
+                        }
+                        acceptor.accept(stream).await
+                    };
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
                         Ok(Ok(tls)) => {
                             let _ = ready.send((tls, peer)).await;
                         }
@@ -203,6 +210,34 @@ impl TlsListener {
             }
         });
         TlsListener { accepted, local_addr, accept_task }
+    }
+}
+
+/// The first byte of a TLS connection: a handshake record.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
+/// The body of the answer to plain HTTP on the HTTPS listener.
+const PLAIN_HTTP_BODY: &str =
+    r#"{"error":{"code":"tls_required","message":"this port serves HTTPS only: use https://"}}"#;
+
+/// Answers a connection whose first byte opens no TLS record (plain HTTP: a method's first
+/// letter) with a 400 that says to use `https://`, and tells so; a TLS client, whose first
+/// record is a handshake, is left to the handshake.
+async fn answered_plain_http(stream: &mut TcpStream) -> bool {
+    use tokio::io::AsyncWriteExt;
+    let mut first = [0u8; 1];
+    match stream.peek(&mut first).await {
+        Ok(1) if first[0] != TLS_HANDSHAKE_RECORD && first[0].is_ascii_alphabetic() => {
+            let answer = format!(
+                "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\n\
+                 content-length: {}\r\n\r\n{PLAIN_HTTP_BODY}",
+                PLAIN_HTTP_BODY.len()
+            );
+            let _ = stream.write_all(answer.as_bytes()).await;
+            let _ = stream.shutdown().await;
+            true
+        }
+        _ => false,
     }
 }
 

@@ -28,7 +28,8 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Over TLS: writes through every node (forwarded to leaders over RPC) land; every node
 /// answers every key in every read mode (a follower's read index comes over RPC); a node
 /// without a replica forwards a lookup over HTTPS, or answers 421 with an `https://`
-/// redirect that works; plain HTTP and a client trusting another CA get no answer.
+/// redirect that works; plain HTTP is told to use https, and a client trusting another CA gets
+/// no answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_cluster_serves_writes_and_lookups_over_https_between_every_node() -> Result<()> {
     let cluster =
@@ -107,13 +108,13 @@ async fn over_tls(cluster: &Cluster) -> Result<()> {
         expect_value(&cluster.api().get_url(redirect).await?, value)?;
     }
 
-    // Nothing answers a client that does not speak TLS or does not trust the cluster's CA.
+    // A plain HTTP client is told to use https (a 400 in plain HTTP, then the connection
+    // closes), and answers nothing else; nothing answers a client that does not trust the
+    // cluster's CA.
     let plain_url = base.replacen("https://", "http://", 1);
-    match Api::new()?.healthz(&plain_url).await {
-        Err(e) if e.is_transport() => {}
-        Ok(reply) => return Err(Error::Check(format!("plain HTTP to a TLS node answered {}", reply.summary()))),
-        Err(e) => return Err(e),
-    }
+    let plain = Api::new()?.healthz(&plain_url).await?;
+    ensure_eq!(plain.status, 400, "plain HTTP to a TLS node: {}", plain.summary());
+    ensure!(plain.text().contains("tls_required") && plain.text().contains("https://"), "{}", plain.summary());
     let stranger = Api::with_ca(&TestPki::generate("another CA")?.ca_pem)?;
     match stranger.healthz(&base).await {
         Err(e) if e.is_transport() => {}
