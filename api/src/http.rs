@@ -598,12 +598,15 @@ async fn produce_to(
                     // Not ours to forward: the HTTP answer names where to go.
                     let pq = path_and_query(uri);
                     let empty = HeaderMap::new();
-                    return match s.router.redirect(l, hop, Method::POST, &pq, &empty, Bytes::new()).await {
-                        Err(e) => Err(e),
-                        Ok(_) => Err(ApiError::Internal("a write may not be forwarded here".into())),
-                    };
+                    match s.router.redirect(l, hop, Method::POST, &pq, &empty, Bytes::new()).await {
+                        // The leader named does not answer: wait for the next one, bounded.
+                        Err(ApiError::NodeUnreachable(m)) => Err(logdex_raft::Error::NodeUnreachable(m)),
+                        Err(e) => return Err(e),
+                        Ok(_) => return Err(ApiError::Internal("a write may not be forwarded here".into())),
+                    }
+                } else {
+                    node.remote_produce(l, record.group_id, &records).await
                 }
-                node.remote_produce(l, record.group_id, &records).await
             }
             None => Err(logdex_raft::Error::unavailable("no leader known")),
         };

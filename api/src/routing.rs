@@ -142,7 +142,11 @@ impl Router {
             .filter(|g| g.group_id == record.group_id && g.leader_node != 0)
             .max_by_key(|g| g.term)
             .map(|g| g.leader_node);
-        let route = Route { leader, answering: statuses.iter().map(|s| s.node_id).collect() };
+        let answering: Vec<NodeId> = statuses.iter().map(|s| s.node_id).collect();
+        // A leader that does not answer is gone (its followers name it until the election
+        // ends): no leader, rather than a route to a node that cannot take anything.
+        let leader = leader.filter(|l| answering.contains(l));
+        let route = Route { leader, answering };
         if leader.is_some()
             && let Ok(mut cache) = self.routes.lock()
         {
@@ -247,6 +251,13 @@ impl Router {
             )));
         }
         if !hop.forward {
+            // A 421 sends the client to the node named: only to one that answers now (a
+            // leader that just died is still named by its followers until the election ends).
+            if target != self.node.node_id() && self.statuses([target]).await.is_empty() {
+                return Err(ApiError::NodeUnreachable(format!(
+                    "node {target}, which could serve this request, does not answer"
+                )));
+            }
             return Err(ApiError::Misdirected {
                 message: format!("node {} cannot serve this request; node {target} can", self.node.node_id()),
                 redirect: Some(url),

@@ -7,6 +7,7 @@ use logdex_cluster_tests::Cluster;
 use logdex_cluster_tests::ClusterOptions;
 use logdex_cluster_tests::Error;
 use logdex_cluster_tests::Result;
+use logdex_cluster_tests::TopicSpec;
 use logdex_cluster_tests::client::HEADER_REDIRECT;
 use logdex_cluster_tests::ensure;
 use logdex_cluster_tests::ensure_eq;
@@ -201,6 +202,63 @@ async fn cli_put_get_del_with_partition_use_the_partition_named() -> Result<()> 
         let (ok, _, stderr) = cli(&url, &["get", "placed", "k", "--partition", &other, "--read", "follower"]).await?;
         ensure!(!ok && stderr.contains("404"), "deleted in partition {other}, got: {stderr}");
         ensure_eq!(cli_ok(&url, &["get", "placed", "k"]).await?.trim_end(), "hashed", "untouched by the delete");
+        Ok(())
+    }
+    .await;
+    cluster.finish(outcome)
+}
+
+/// A node that does not forward sends a writer only to a leader that answers: right after the
+/// leader dies (its followers still name it until the election ends), a write through a node
+/// without a replica is answered 503 with Retry-After, never a 421 to the dead node, and once
+/// the election is over its 421 names the new leader, which takes the write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redirect_of_a_write_never_names_a_leader_that_died() -> Result<()> {
+    let options = ClusterOptions {
+        node_env: vec![("LOGDEX_FORWARD".to_string(), "false".to_string())],
+        ..ClusterOptions::plain(4)
+    };
+    let mut cluster = Cluster::start_with(options).await?;
+    let outcome = async {
+        let created = cluster.api().create_topic(&cluster.url(1), &TopicSpec::compacted("orphans", 4, 3)).await?;
+        ensure!(created.status == 201, "create: {}", created.summary());
+        let topic = cluster.wait_for_leaders("orphans", SETTLE_TIMEOUT).await?;
+        // A partition with a node outside its replicas, to write through.
+        let (partition, outsider, leader) = topic
+            .partitions
+            .iter()
+            .find_map(|p| {
+                let outsider = cluster.node_ids().into_iter().find(|n| !p.replicas.contains(n))?;
+                Some((p.partition, outsider, p.leader?))
+            })
+            .ok_or_else(|| Error::Check(format!("no partition leaves a node out: {topic:?}")))?;
+        let url = format!("{}/kv/orphans/k?partition={partition}", cluster.url(outsider));
+        let http = reqwest::Client::new();
+        // The outsider knows the leader before it dies.
+        let before = http.put(&url).body("v").send().await.map_err(|e| Error::Check(format!("PUT {url}: {e}")))?;
+        ensure_eq!(before.status().as_u16(), 421, "a write through node {outsider}");
+
+        cluster.kill(leader)?;
+        let dead = cluster.url(leader);
+        let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
+        loop {
+            let reply = http.put(&url).body("v").send().await.map_err(|e| Error::Check(format!("PUT {url}: {e}")))?;
+            let status = reply.status().as_u16();
+            let redirect = reply.headers().get(HEADER_REDIRECT).and_then(|v| v.to_str().ok()).map(str::to_string);
+            match (status, redirect) {
+                (421, Some(to)) => {
+                    ensure!(!to.starts_with(&dead), "node {outsider} sent a writer to node {leader}, dead: {to}");
+                    let taken =
+                        http.put(&to).body("v").send().await.map_err(|e| Error::Check(format!("PUT {to}: {e}")))?;
+                    ensure_eq!(taken.status().as_u16(), 200, "the write at {to}");
+                    break;
+                }
+                (503, _) => ensure!(reply.headers().contains_key("retry-after"), "a 503 without Retry-After"),
+                (other, _) => return Err(Error::Check(format!("a write through node {outsider}: {other}"))),
+            }
+            ensure!(tokio::time::Instant::now() < deadline, "no new leader named in {SETTLE_TIMEOUT:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         Ok(())
     }
     .await;
