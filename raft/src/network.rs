@@ -41,6 +41,7 @@ use crate::pb::call_request::Call;
 use crate::pb::raft_service_client::RaftServiceClient;
 use crate::state_machine::SnapshotData;
 use crate::types::GroupId;
+use crate::types::LogId;
 use crate::types::ReplicaId;
 use crate::types::RpcError;
 use crate::types::StreamingError;
@@ -286,9 +287,127 @@ impl Drop for AbortOnDrop {
 /// owes nothing, so no deadline runs, and openraft would wait on it forever, sending this
 /// follower nothing more. The answers are all there, so the session ends, the stream is
 /// reset, and openraft's next session starts.
+/// What a replication stream handed to its peer, so that openraft is given an answer only
+/// when it cannot credit it to a request taken long after.
+///
+/// openraft stamps each append request with the time it takes it from the request stream, and
+/// credits the leader's lease (and a read index's quorum) with the stamp of the latest request
+/// whose last log id an answer covers (`InflightAppendQueue::drain_acked`). A commit notice
+/// carries no entries, so its last log id is that of the request before it: an answer to that
+/// earlier request, read after the notice was taken, was credited with the notice's later
+/// stamp. Normally the two are a round trip apart, well within the lease's margin; but after a
+/// pause of the leader's process (SIGSTOP, a stalled VM), answers its peers sent before the
+/// pause and that it read after it were credited with a stamp taken after it: the lease looked
+/// fresh, and a `linearizable` read served a value older than a write the new leader had
+/// acknowledged meanwhile (found by a black-box linearizability check). Such an answer, when
+/// the notice was taken more than a slack (half a heartbeat: the lease's margin is at least an
+/// election timeout) after its request was sent, is not passed on: the answer to a later
+/// request covers as much, and goes instead. No request is taken from openraft while it
+/// credits an answer, so none can slip in between the look and the credit.
+#[derive(Default)]
+struct Handed {
+    /// Requests sent and not answered, oldest first.
+    unanswered: std::collections::VecDeque<SentAppend>,
+    /// openraft has an answer it has not credited yet.
+    crediting: bool,
+    /// The pump, waiting for that.
+    pump: Option<std::task::Waker>,
+}
+
+/// One request [`Handed`] over.
+struct SentAppend {
+    /// When it was handed to the connection.
+    at: std::time::Instant,
+    /// The last log id it covers.
+    last: Option<LogId>,
+    /// When openraft last produced a request covering no more than it (a commit notice).
+    covered_at: Option<std::time::Instant>,
+}
+
+impl Handed {
+    fn lock(handed: &Mutex<Handed>) -> std::sync::MutexGuard<'_, Handed> {
+        handed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `rpc` goes to the peer.
+    fn sent(handed: &Mutex<Handed>, rpc: &AppendEntriesRequest<TypeConfig>) {
+        let sent = SentAppend { at: std::time::Instant::now(), last: last_log_id(rpc), covered_at: None };
+        Handed::lock(handed).unanswered.push_back(sent);
+    }
+
+    /// openraft produced a request covering up to `last`.
+    fn taken(&mut self, last: Option<LogId>) {
+        let now = std::time::Instant::now();
+        for sent in self.unanswered.iter_mut().rev().take_while(|sent| sent.last >= last) {
+            sent.covered_at = Some(now);
+        }
+    }
+
+    /// The oldest request sent was answered, a success when `flushed`: true when openraft may
+    /// have the answer, false when a request it produced more than `slack` after that one was
+    /// sent covers no more (that request's answer, or a later one's, goes instead).
+    fn to_credit(handed: &Mutex<Handed>, flushed: bool, slack: Duration) -> bool {
+        let mut handed = Handed::lock(handed);
+        let answered = handed.unanswered.pop_front();
+        let covered_late = flushed
+            && answered.is_some_and(|sent| sent.covered_at.is_some_and(|at| at.duration_since(sent.at) >= slack));
+        handed.crediting = !covered_late;
+        !covered_late
+    }
+
+    /// openraft has credited the last answer: requests may be taken again.
+    fn credited(handed: &Mutex<Handed>) {
+        let mut handed = Handed::lock(handed);
+        handed.crediting = false;
+        if let Some(pump) = handed.pump.take() {
+            pump.wake();
+        }
+    }
+}
+
+/// The last log id an append request covers: its last entry's, or with none the one before it.
+fn last_log_id(rpc: &AppendEntriesRequest<TypeConfig>) -> Option<LogId> {
+    use openraft::entry::RaftEntry;
+    rpc.entries.last().map(|e| e.log_id()).or(rpc.prev_log_id)
+}
+
+/// openraft's request stream, taken from only while it credits no answer, noting what each
+/// request covers against those sent before it ([`Handed`]).
+struct Stamped<S> {
+    input: S,
+    handed: Arc<Mutex<Handed>>,
+}
+
+impl<S> Stream for Stamped<S>
+where
+    S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin,
+{
+    type Item = AppendEntriesRequest<TypeConfig>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        let mut handed = Handed::lock(&this.handed);
+        if handed.crediting {
+            handed.pump = Some(cx.waker().clone());
+            return std::task::Poll::Pending;
+        }
+        // openraft stamps the request in this poll, under the lock.
+        let next = this.input.poll_next_unpin(cx);
+        if let std::task::Poll::Ready(Some(rpc)) = &next {
+            handed.taken(last_log_id(rpc));
+        }
+        next
+    }
+}
+
 fn answers<R>(
     responses: R,
     owed: Arc<Owed>,
+    handed: Arc<Mutex<Handed>>,
+    slack: Duration,
     pump: AbortOnDrop,
     given_up: impl Fn() -> RpcError + Clone + Send + 'static,
 ) -> impl Stream<Item = Result<StreamAppendResult<TypeConfig>, RpcError>> + Send + 'static
@@ -304,9 +423,12 @@ where
     let reading = Reading { responses, pump, pump_ended: false };
     futures::stream::unfold(Some(reading), move |reading| {
         let owed = owed.clone();
+        let handed = handed.clone();
         let given_up = given_up.clone();
         async move {
             let mut reading = reading?;
+            // openraft asks for the next answer once it has credited the last one.
+            Handed::credited(&handed);
             loop {
                 if reading.pump_ended && owed.waiting().is_none() {
                     return None;
@@ -318,7 +440,9 @@ where
                         Some(item) => {
                             owed.answered();
                             let result = item.map_err(unreachable).and_then(stream_append_result);
-                            return Some((result, Some(reading)));
+                            if Handed::to_credit(&handed, matches!(result, Ok(Ok(_))), slack) {
+                                return Some((result, Some(reading)));
+                            }
                         }
                     },
                     _ = &mut reading.pump.0, if !reading.pump_ended => reading.pump_ended = true,
@@ -702,7 +826,7 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
     fn stream_append<'s, S>(
         &'s mut self,
         input: S,
-        _option: RPCOption,
+        option: RPCOption,
     ) -> BoxFuture<'s, Result<BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RpcError>>, RpcError>>
     where
         S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
@@ -734,7 +858,8 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
                 AppendInput::Lone(first, rest) => (vec![first], rest),
                 AppendInput::Stream(taken, rest) => (taken, rest),
             };
-            let input = futures::stream::iter(taken).chain(rest);
+            let handed = Arc::new(Mutex::new(Handed::default()));
+            let input = Stamped { input: futures::stream::iter(taken).chain(rest), handed: handed.clone() };
             let mut client = client?;
             // Requests handed over and not yet answered: a stream that owes answers and gets
             // none for STREAM_ANSWER_TIMEOUT fails, so openraft replicates again on a new
@@ -746,7 +871,7 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
             let owed = Arc::new(Owed::new(STREAM_ANSWER_TIMEOUT));
             let (queue, queued) = tokio::sync::mpsc::channel::<pb::AppendEntriesRequest>(1);
             let pump = {
-                let owed = owed.clone();
+                let (owed, handed) = (owed.clone(), handed.clone());
                 let (release, calls) = (release.clone(), calls.clone());
                 let mut input = input;
                 tokio::spawn(async move {
@@ -765,6 +890,8 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
                         sent_commit = rpc.leader_commit.map_or(0, |c| c.index);
                         calls.appends.requests.fetch_add(1, Ordering::Relaxed);
                         owed.handed_over();
+                        // Noted before it leaves: its answer may come back at once.
+                        Handed::sent(&handed, &rpc);
                         if queue.send(append_request_to_pb(header, &rpc)).await.is_err() || ended {
                             break;
                         }
@@ -787,7 +914,8 @@ impl RaftNetworkV2<TypeConfig> for GroupConnection {
                 opened = client.stream_append(requests) => opened.map_err(unreachable)?.into_inner(),
                 _ = owed.overdue_at_last() => return Err(given_up(&pool, &addr)),
             };
-            let results = answers(responses, owed, pump, move || given_up(&pool, &addr));
+            let slack = option.hard_ttl() / 2;
+            let results = answers(responses, owed, handed, slack, pump, move || given_up(&pool, &addr));
             Ok(Box::pin(results) as BoxStream<'s, _>)
         })
     }
@@ -909,6 +1037,72 @@ mod tests {
             ended = next.is_none();
             std::task::Poll::Ready(next)
         })
+    }
+
+    fn log_id(index: u64) -> LogId {
+        wire::log_id_from_pb(&pb::LogId { term: 1, index })
+    }
+
+    /// An append after `prev` with entries up to `last` (none when `last == prev`).
+    fn covering(prev: u64, last: u64) -> AppendEntriesRequest<TypeConfig> {
+        let entries = ((prev + 1)..=last).map(|i| Entry::new(log_id(i), EntryPayload::Blank)).collect();
+        AppendEntriesRequest { prev_log_id: Some(log_id(prev)), entries, ..append(prev) }
+    }
+
+    #[tokio::test]
+    async fn an_answer_is_withheld_when_a_commit_notice_taken_late_after_its_request_covers_as_much() {
+        let handed = Arc::new(Mutex::new(Handed::default()));
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let mut input = Stamped { input: rx, handed: handed.clone() };
+        let mut send = |rpc| {
+            tx.unbounded_send(rpc).expect("send");
+            let rpc = input.next().now_or_never().flatten().expect("a request");
+            Handed::sent(&handed, &rpc);
+        };
+        // No slack: any commit notice taken after a request counts as late.
+        let late = Duration::ZERO;
+
+        // Entries 1..=10, then a commit notice taken before the answer to them came.
+        send(covering(0, 10));
+        send(covering(10, 10));
+        // The answer to the entries would be credited with the notice's stamp: withheld; the
+        // notice's own answer goes.
+        assert!(!Handed::to_credit(&handed, true, late));
+        assert!(Handed::to_credit(&handed, true, late));
+        Handed::credited(&handed);
+
+        // A request taken after with entries of its own covers more: the answer goes.
+        send(covering(10, 12));
+        send(covering(12, 15));
+        assert!(Handed::to_credit(&handed, true, late));
+        Handed::credited(&handed);
+        // So does an answer with nothing taken after it.
+        assert!(Handed::to_credit(&handed, true, late));
+        Handed::credited(&handed);
+
+        // A notice taken within the slack (a round trip, not a pause) does not hold the answer
+        // back, and an answer that is not a success (a conflict, a higher vote) always goes.
+        send(covering(15, 15));
+        send(covering(15, 15));
+        send(covering(15, 15));
+        assert!(Handed::to_credit(&handed, true, Duration::from_secs(3600)));
+        Handed::credited(&handed);
+        assert!(Handed::to_credit(&handed, false, late));
+    }
+
+    #[tokio::test]
+    async fn no_request_is_taken_from_openraft_while_it_credits_an_answer() {
+        let handed = Arc::new(Mutex::new(Handed::default()));
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let mut input = Stamped { input: rx, handed: handed.clone() };
+        tx.unbounded_send(covering(0, 3)).expect("send");
+        let first = input.next().now_or_never().flatten().expect("a request");
+        Handed::sent(&handed, &first);
+        assert!(Handed::to_credit(&handed, true, Duration::ZERO));
+        tx.unbounded_send(covering(3, 3)).expect("send");
+        assert!(input.next().now_or_never().is_none(), "taken while openraft credits an answer");
+        Handed::credited(&handed);
+        assert_eq!(input.next().now_or_never().flatten().map(|r| last_log_id(&r)), Some(Some(log_id(3))));
     }
 
     #[tokio::test]
@@ -1051,9 +1245,15 @@ mod tests {
         answered: &[u64],
     ) -> (Peer, impl Stream<Item = Result<StreamAppendResult<TypeConfig>, RpcError>>) {
         let owed = Arc::new(Owed::new(STREAM_ANSWER_TIMEOUT));
+        let handed = Arc::new(Mutex::new(Handed::default()));
         let pump = {
-            let owed = owed.clone();
-            AbortOnDrop(tokio::spawn(async move { (0..handed_over).for_each(|_| owed.handed_over()) }))
+            let (owed, handed) = (owed.clone(), handed.clone());
+            AbortOnDrop(tokio::spawn(async move {
+                for i in 0..handed_over {
+                    owed.handed_over();
+                    Handed::sent(&handed, &append(i as u64));
+                }
+            }))
         };
         while owed.waiting().is_none() {
             tokio::task::yield_now().await;
@@ -1063,7 +1263,7 @@ mod tests {
             peer.unbounded_send(flushed(index)).expect("send");
         }
         let never_given_up = || unreachable("given up");
-        (peer, answers(responses, owed, pump, never_given_up))
+        (peer, answers(responses, owed, handed, Duration::ZERO, pump, never_given_up))
     }
 
     #[tokio::test]
