@@ -426,6 +426,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     // Read first: a parent that exits while the node starts must still be noticed.
     let followed_parent = followed_parent(&args);
     init_tracing(&args.log);
+    raise_open_files_limit();
     // Test builds only: arm the crash points named in FAILPOINTS (see crash_points.rs).
     #[cfg(feature = "failpoints")]
     crate::crash_points::arm();
@@ -457,6 +458,35 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     tracing::info!("shutting down");
     running.shutdown().await;
     refused.map_or(Ok(()), Err)
+}
+
+/// Open files a node wants at least; fewer draws a warning.
+const OPEN_FILES_WANTED: u64 = 65_536;
+
+/// Raises the soft limit of open files to the hard one: every segment of every replica holds
+/// its file open (as Kafka's do), and a node that runs out cannot roll a segment, write a
+/// snapshot or accept a connection. The limit in force is logged; one below
+/// [`OPEN_FILES_WANTED`] with a warning.
+fn raise_open_files_limit() {
+    // Linux refuses a soft limit above `fs.nr_open` (2^20 by default) even under an unlimited
+    // hard one.
+    const NR_OPEN_DEFAULT: u64 = 1 << 20;
+    let raised = rlimit::Resource::NOFILE.get().and_then(|(soft, hard)| {
+        let target = hard.min(NR_OPEN_DEFAULT).max(soft);
+        if target > soft {
+            rlimit::Resource::NOFILE.set(target, hard)?;
+        }
+        Ok(target)
+    });
+    match raised {
+        Ok(limit) if limit < OPEN_FILES_WANTED => tracing::warn!(
+            limit,
+            "open files limit is low: every segment holds its file open; raise the hard limit (ulimit -Hn) \
+             for many partitions or small segment.bytes"
+        ),
+        Ok(limit) => tracing::info!(limit, "open files limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open files limit"),
+    }
 }
 
 fn tokio_stream_incoming(
@@ -519,6 +549,13 @@ mod tests {
         assert!(check_address("http://127.0.0.1:9091").is_err());
         assert!(check_address("127.0.0.1:9091").is_ok());
         Ok(())
+    }
+
+    #[test]
+    fn the_open_files_limit_is_raised_to_the_hard_limit() {
+        raise_open_files_limit();
+        let (soft, hard) = rlimit::Resource::NOFILE.get().unwrap_or_default();
+        assert!(soft >= hard.min(1 << 20), "soft {soft}, hard {hard}");
     }
 
     #[test]
