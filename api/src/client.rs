@@ -137,14 +137,14 @@ pub fn encode_key(key: &[u8]) -> String {
     out
 }
 
-/// The path of a key's lookup, write or delete, with `query` (`name=value&...`, or empty).
-/// The keys `.` and `..` travel base64url-encoded: URL clients resolve them as dot segments,
-/// percent-encoded or not, and the request would reach another route.
 /// The query naming a key's partition (`--partition`), or nothing.
 fn in_partition(partition: Option<u32>) -> String {
     partition.map(|p| format!("partition={p}")).unwrap_or_default()
 }
 
+/// The path of a key's lookup, write or delete, with `query` (`name=value&...`, or empty).
+/// The keys `.` and `..` travel base64url-encoded: URL clients resolve them as dot segments,
+/// percent-encoded or not, and the request would reach another route.
 pub fn kv_path(topic: &str, key: &[u8], query: &str) -> String {
     use base64::Engine;
     let topic = encode_key(topic.as_bytes());
