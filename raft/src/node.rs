@@ -2060,25 +2060,33 @@ const REGISTRATION_REFUSALS_MAX: u32 = 6;
 /// True for the texts of a peer's refusal that no retry can change: this node's node-to-node
 /// token ([`crate::service::RequireToken`]), or a certificate that one side does not trust.
 fn refused_as_a_peer(message: &str) -> bool {
-    ["missing or wrong node-to-node token", "invalid peer certificate", "unknownca", "badcertificate"]
-        .iter()
-        .any(|marker| message.to_ascii_lowercase().contains(marker))
+    mentions_any(
+        message,
+        &["missing or wrong node-to-node token", "invalid peer certificate", "unknownca", "badcertificate"],
+    )
+}
+
+/// True when `message`, in lower case, contains one of `markers` (lower case).
+fn mentions_any(message: &str, markers: &[&str]) -> bool {
+    let message = message.to_ascii_lowercase();
+    markers.iter().any(|marker| message.contains(marker))
 }
 
 /// True for the texts tonic and h2 give a connection that failed under a call, and for the
 /// one of a call stream closed because it answered nothing for too long (`Calls::call`); a
 /// peer's own errors travel as their `Error` text, which names none of these.
 fn transport_broke(message: &str) -> bool {
-    [
-        "h2 protocol error",
-        "transport error",
-        "connection reset",
-        "broken pipe",
-        "operation was canceled",
-        "answered nothing",
-    ]
-    .iter()
-    .any(|marker| message.to_ascii_lowercase().contains(marker))
+    mentions_any(
+        message,
+        &[
+            "h2 protocol error",
+            "transport error",
+            "connection reset",
+            "broken pipe",
+            "operation was canceled",
+            "answered nothing",
+        ],
+    )
 }
 
 /// The file naming the node a data directory belongs to (`raft/FORMAT.md`).
