@@ -1248,10 +1248,7 @@ async fn fetch_records(
 
 async fn cluster(State(s): State<AppState>) -> Json<Value> {
     let state = s.router.node.cluster();
-    let controller_leader = {
-        let m = logdex_raft::types::metrics_of(s.router.node.controller_raft());
-        m.current_leader
-    };
+    let controller_leader = s.router.node.controller_leader();
     let statuses = s.router.statuses(state.nodes.keys().copied()).await;
     let nodes: Vec<Value> = state
         .nodes
@@ -1276,10 +1273,9 @@ async fn cluster(State(s): State<AppState>) -> Json<Value> {
 }
 
 async fn readyz(State(s): State<AppState>) -> Response {
-    let controller_has_leader =
-        logdex_raft::types::metrics_of(s.router.node.controller_raft()).current_leader.is_some();
+    let controller_has_leader = s.router.node.controller_leader().is_some();
     let registered = s.router.node.cluster().nodes.contains_key(&s.router.node.node_id());
-    let groups_led = s.router.node.groups().iter().all(|g| s.router.node.leader_node(g).is_some());
+    let groups_led = s.router.node.groups().iter().all(|g| s.router.node.reported_leader_node(g).is_some());
     let starting = s.router.node.replicas_starting();
     if controller_has_leader && registered && groups_led && starting == 0 {
         (StatusCode::OK, "ready").into_response()

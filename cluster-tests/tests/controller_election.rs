@@ -8,8 +8,10 @@ use logdex_cluster_tests::Cluster;
 use logdex_cluster_tests::Result;
 use logdex_cluster_tests::TopicSpec;
 use logdex_cluster_tests::client::Body;
+use logdex_cluster_tests::cluster::ClusterOptions;
 use logdex_cluster_tests::ensure;
 use logdex_cluster_tests::ensure_eq;
+use logdex_cluster_tests::proxy::Fault;
 use logdex_cluster_tests::support::Probe;
 use logdex_cluster_tests::support::poll_until;
 use serde_json::Value;
@@ -106,6 +108,79 @@ async fn create_while_controller_paused(cluster: &mut Cluster) -> Result<()> {
     // The same create again, through the node that was paused, finds the identical topic.
     let again = api.create_topic(&cluster.url(leader), &TopicSpec::compacted("paused", 2, 2)).await?;
     again.expect_status(200)?;
+    Ok(())
+}
+
+/// A leader cut off from its peers stops naming itself once no quorum answered it for an
+/// election timeout: on the cut-off node, `/cluster` names no controller leader, describe
+/// names no leader for the partitions it led, and `/readyz` answers 503, while the others
+/// elect new leaders and name them. After the cut heals, the node is ready again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_its_peers_reports_no_leader() -> Result<()> {
+    let mut cluster = Cluster::start_with(ClusterOptions { proxy: true, ..ClusterOptions::plain(3) }).await?;
+    let outcome = cut_off_leader(&mut cluster).await;
+    cluster.finish(outcome)
+}
+
+async fn cut_off_leader(cluster: &mut Cluster) -> Result<()> {
+    let api = cluster.api().clone();
+    api.create_topic(&cluster.url(1), &TopicSpec::compacted(TOPIC, 3, 3)).await?.expect_status(201)?;
+    cluster.wait_for_leaders(TOPIC, Duration::from_secs(30)).await?;
+    let (cut, other) = controller_leader_and_another(cluster).await?;
+    let (cut_url, other_url) = (cluster.url(cut), cluster.url(other));
+    let led: Vec<u32> = api
+        .describe_ok(&cut_url, TOPIC)
+        .await?
+        .partitions
+        .iter()
+        .filter(|p| p.leader == Some(cut))
+        .map(|p| p.partition)
+        .collect();
+    cluster.proxy().ok_or_else(|| logdex_cluster_tests::Error::Check("no proxy".into()))?.isolate(cut, Fault::Cut);
+
+    poll_until(
+        "the cut-off node names no leader of its own",
+        Duration::from_secs(20),
+        Duration::from_millis(250),
+        || async {
+            let view: Value = api.cluster(&cut_url).await?.json()?;
+            let described = api.describe_ok(&cut_url, TOPIC).await?;
+            let still: Vec<u32> =
+                described.partitions.iter().filter(|p| p.leader == Some(cut)).map(|p| p.partition).collect();
+            let ready = api.readyz(&cut_url).await?;
+            Ok(if view["controller_leader"].is_null() && still.is_empty() && ready.status == 503 {
+                Probe::Ready(())
+            } else {
+                Probe::NotYet(format!(
+                    "controller leader {}, still leading {still:?} (led {led:?}), readyz {}",
+                    view["controller_leader"],
+                    ready.summary()
+                ))
+            })
+        },
+    )
+    .await?;
+    poll_until("the others name leaders of their own", Duration::from_secs(20), Duration::from_millis(250), || async {
+        let view: Value = api.cluster(&other_url).await?.json()?;
+        let described = api.describe_ok(&other_url, TOPIC).await?;
+        let leaders: Vec<Option<u64>> = described.partitions.iter().map(|p| p.leader).collect();
+        let elected = view["controller_leader"].as_u64().is_some_and(|l| l != cut)
+            && leaders.iter().all(|l| l.is_some_and(|l| l != cut));
+        Ok(if elected {
+            Probe::Ready(())
+        } else {
+            Probe::NotYet(format!("controller leader {}, leaders {leaders:?}", view["controller_leader"]))
+        })
+    })
+    .await?;
+
+    cluster.proxy().ok_or_else(|| logdex_cluster_tests::Error::Check("no proxy".into()))?.heal();
+    cluster.wait_nodes_ready(&[cut]).await?;
+    let described = api.describe_ok(&cut_url, TOPIC).await?;
+    ensure!(
+        described.partitions.iter().all(|p| p.leader.is_some()),
+        "after the heal every partition has a leader: {described:?}"
+    );
     Ok(())
 }
 

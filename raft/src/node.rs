@@ -410,6 +410,22 @@ impl Node {
         &self.inner.controller_raft
     }
 
+    /// The controller's leader as this node reports it: none while this node leads it but no
+    /// quorum answered it for an election timeout (as in [`Node::status`]).
+    pub fn controller_leader(&self) -> Option<NodeId> {
+        let m = crate::types::metrics_of(&self.inner.controller_raft);
+        if self.cut_off(&m) {
+            return None;
+        }
+        m.current_leader
+    }
+
+    /// How long a leader goes without a quorum's answer before it reports no leader: the
+    /// longest election timeout, after which its followers have called an election.
+    fn quorum_lost_after(&self) -> Duration {
+        Duration::from_millis(self.inner.config.election_timeout_max_ms)
+    }
+
     /// A copy of the cluster metadata as this node's controller replica has applied it.
     pub fn cluster(&self) -> Arc<ClusterState> {
         self.inner.controller.state()
@@ -1698,6 +1714,22 @@ impl Node {
         leader_node_of(&group.raft)
     }
 
+    /// The group's leader as this node reports it to others (status, describe, readiness):
+    /// none while this replica leads but lost its quorum, unlike [`Node::leader_node`], which
+    /// routing uses (the replica still takes writes, which wait for the quorum or time out).
+    pub fn reported_leader_node(&self, group: &HostedGroup) -> Option<NodeId> {
+        let m = crate::types::metrics_of(&group.raft);
+        if self.cut_off(&m) {
+            return None;
+        }
+        leader_node_of(&group.raft)
+    }
+
+    /// Whether the replica of metrics `m` leads but lost its quorum (see [`lost_its_quorum`]).
+    fn cut_off(&self, m: &crate::types::RaftMetrics) -> bool {
+        m.current_leader == Some(m.id) && lost_its_quorum(m, self.quorum_lost_after())
+    }
+
     /// Appends records through the group's leader replica on this node,
     /// batched with concurrent produces; returns the offset of the first.
     pub async fn produce_records(&self, group: GroupId, records: Vec<logdex_log::Record>) -> Result<u64> {
@@ -1987,11 +2019,14 @@ impl Node {
             .iter()
             .map(|g| {
                 let m = crate::types::metrics_of(&g.raft);
+                // A leader a quorum stopped answering is reported as no leader: the others have
+                // elected another one by now (or will), and its writes cannot commit.
+                let cut_off = self.cut_off(&m);
                 pb::GroupStatus {
                     group_id: g.group_id,
                     replica_id: g.replica_id,
-                    leader_replica: m.current_leader.unwrap_or(0),
-                    leader_node: leader_node_of(&g.raft).unwrap_or(0),
+                    leader_replica: if cut_off { 0 } else { m.current_leader.unwrap_or(0) },
+                    leader_node: if cut_off { 0 } else { leader_node_of(&g.raft).unwrap_or(0) },
                     term: m.current_term,
                     high_watermark: g.partition.high_watermark(),
                     log_start_offset: g.partition.log_start_offset(),
@@ -2168,6 +2203,15 @@ pub async fn leader_read_log_id(raft: &Raft, group: GroupId, strict: bool) -> Re
 fn applied_index(raft: &Raft) -> u64 {
     use crate::types::WatchReceiver;
     raft.metrics().borrow_watched().last_applied.map_or(0, |l| l.index)
+}
+
+/// Whether this replica leads (by its metrics) yet no quorum of its voters acknowledged it for
+/// more than `after`. A sole voter is its own quorum; a leader not acknowledged yet (just
+/// elected) has not lost it.
+fn lost_its_quorum(m: &crate::types::RaftMetrics, after: Duration) -> bool {
+    m.state == openraft::ServerState::Leader
+        && m.membership_config.membership().voter_ids().nth(1).is_some()
+        && m.last_quorum_acked.as_ref().is_some_and(|acked| openraft::Instant::elapsed(&**acked) > after)
 }
 
 fn leader_node_of(raft: &Raft) -> Option<NodeId> {
@@ -2575,6 +2619,35 @@ mod tests {
         assert_eq!(second.oldest_tombstone_kept_ms, None);
         assert!(!tombstone_at(&p)?, "the expired tombstone is gone");
         Ok(())
+    }
+
+    /// Metrics of replica 1 leading voters `voters`, last acknowledged by a quorum `ago`.
+    fn leading(voters: &[u64], ago: Option<Duration>) -> crate::types::RaftMetrics {
+        let nodes: std::collections::BTreeMap<u64, pb::Node> =
+            voters.iter().map(|v| (*v, pb::Node::default())).collect();
+        let membership =
+            crate::types::Membership::new(vec![voters.iter().copied().collect()], nodes).expect("a membership");
+        let mut m = crate::types::RaftMetrics::new_initial(1);
+        m.state = openraft::ServerState::Leader;
+        m.current_leader = Some(1);
+        m.membership_config = Arc::new(crate::types::StoredMembership::new(None, membership));
+        let now = <openraft::alias::InstantOf<crate::types::TypeConfig> as openraft::Instant>::now();
+        m.last_quorum_acked = ago.map(|ago| openraft::metrics::SerdeInstant::new(now - ago));
+        m
+    }
+
+    #[test]
+    fn a_leader_no_quorum_acknowledged_for_an_election_timeout_has_lost_it() {
+        let timeout = Duration::from_millis(1500);
+        assert!(lost_its_quorum(&leading(&[1, 2, 3], Some(Duration::from_secs(3))), timeout));
+        assert!(!lost_its_quorum(&leading(&[1, 2, 3], Some(Duration::from_millis(100))), timeout));
+        // Just elected, not acknowledged yet.
+        assert!(!lost_its_quorum(&leading(&[1, 2, 3], None), timeout));
+        // A sole voter is its own quorum, however long ago another answered.
+        assert!(!lost_its_quorum(&leading(&[1], Some(Duration::from_secs(3))), timeout));
+        let mut follower = leading(&[1, 2, 3], Some(Duration::from_secs(3)));
+        follower.state = openraft::ServerState::Follower;
+        assert!(!lost_its_quorum(&follower, timeout));
     }
 
     #[test]
