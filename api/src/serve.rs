@@ -231,6 +231,27 @@ fn parse_peers(spec: &str) -> Result<Vec<(u64, String)>, String> {
     Ok(peers)
 }
 
+/// Refuses a `--peers` list that names this node at an address other than its own RPC
+/// address: the other nodes would dial that one, so the cluster would never form (and a
+/// restarted node would be named at an address nothing listens on). Addresses differ when
+/// their ports do, or when both hosts are IP addresses and differ; a host name is taken as
+/// it is (it may resolve to the node), and so is a wildcard listen address.
+fn check_own_peer_entry(node_id: u64, peers: &[(u64, String)], rpc_addr: &str) -> Result<(), String> {
+    let Some((_, listed)) = peers.iter().find(|(id, _)| *id == node_id) else { return Ok(()) };
+    let same = match (listed.parse::<SocketAddr>(), rpc_addr.parse::<SocketAddr>()) {
+        (Ok(listed), Ok(own)) => listed.port() == own.port() && (own.ip().is_unspecified() || listed.ip() == own.ip()),
+        _ => listed.rsplit_once(':').map(|(_, port)| port) == rpc_addr.rsplit_once(':').map(|(_, port)| port),
+    };
+    if same {
+        return Ok(());
+    }
+    Err(format!(
+        "--peers names this node ({node_id}) at {listed}, but its RPC address is {rpc_addr}: the other nodes \
+         dial the address in --peers, so give this node --rpc-addr {listed} (or --advertise-rpc-addr {listed} \
+         when it listens on another address), or correct --peers"
+    ))
+}
+
 /// `addr` if it is `host:port` (a name, an IPv4 address or a bracketed IPv6 one).
 fn parse_address(addr: &str) -> Result<String, String> {
     check_address(addr).map(|()| addr.to_string())
@@ -276,6 +297,7 @@ impl ServeArgs {
             None if self.join.is_none() => vec![(self.node_id, rpc_addr.clone())],
             None => Vec::new(),
         };
+        check_own_peer_entry(self.node_id, &peers, &rpc_addr)?;
         let config = NodeConfig {
             node_id: self.node_id,
             data_dir: self.data_dir.clone(),
@@ -534,6 +556,22 @@ pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn peers_that_name_this_node_at_another_address_are_refused() {
+        let peers = parse_peers("1@127.0.0.1:9091,2@127.0.0.1:9092").unwrap_or_default();
+        assert!(check_own_peer_entry(1, &peers, "127.0.0.1:9091").is_ok());
+        let refused = check_own_peer_entry(1, &peers, "127.0.0.1:9093").err().unwrap_or_default();
+        assert!(refused.contains("at 127.0.0.1:9091, but its RPC address is 127.0.0.1:9093"), "{refused}");
+        assert!(check_own_peer_entry(1, &peers, "127.0.0.2:9091").is_err(), "another IP");
+        assert!(check_own_peer_entry(1, &peers, "0.0.0.0:9091").is_ok(), "a wildcard listen address");
+        let named = parse_peers("1@node-1.example:9091").unwrap_or_default();
+        assert!(check_own_peer_entry(1, &named, "10.0.0.1:9091").is_ok(), "a name may resolve to the node");
+        assert!(check_own_peer_entry(1, &named, "10.0.0.1:9099").is_err(), "another port");
+        assert!(check_own_peer_entry(3, &peers, "127.0.0.1:7000").is_ok(), "not listed: the node checks that");
+        let v6 = parse_peers("1@[::1]:9091").unwrap_or_default();
+        assert!(check_own_peer_entry(1, &v6, "[::1]:9091").is_ok());
+    }
 
     #[test]
     fn peers_parse_id_at_address_lists() -> Result<(), String> {

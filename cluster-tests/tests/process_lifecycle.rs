@@ -1,5 +1,6 @@
 //! Nodes never outlive the process that started them with `--exit-with-parent`, and
-//! `logdex dev` stops its nodes also when it is interrupted while they start.
+//! `logdex dev` stops its nodes also when it is interrupted while they start; a node whose
+//! `--peers` misnames its address refuses to start.
 
 use std::net::SocketAddr;
 use std::net::TcpListener;
@@ -173,5 +174,34 @@ async fn refused_dev(data: &std::path::Path, http: u16, rpc: u16, expected: &str
     ensure!(stderr.contains(expected), "dev says {expected:?}: {stderr}");
     ensure!(!String::from_utf8_lossy(&out.stdout).contains("ready"), "dev claimed ready: {out:?}");
     ensure!(processes_mentioning(data).is_empty(), "dev left nodes running");
+    Ok(())
+}
+
+/// A node whose `--peers` entry names it at another address than its `--rpc-addr` refuses to
+/// start and says which addresses differ. (Before, it started and served, while the other
+/// nodes, dialing the address in `--peers`, could never register: no warning anywhere.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_named_in_peers_at_another_address_refuses_to_start() -> Result<()> {
+    let dir = tempfile::tempdir().map_err(|e| Error::io("creating a temp dir", e))?;
+    let base = free_port_run(4)?;
+    let (http, rpc, listed, other) = (base, base + 1, base + 2, base + 3);
+    let serve = tokio::process::Command::new(binary_path()?)
+        .arg("serve")
+        .args(["--node-id", "1", "--data-dir"])
+        .arg(dir.path().join("n1"))
+        .args(["--http-addr", &format!("127.0.0.1:{http}"), "--rpc-addr", &format!("127.0.0.1:{rpc}")])
+        .args(["--peers", &format!("1@127.0.0.1:{listed},2@127.0.0.1:{other}")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(STOP_TIMEOUT, serve)
+        .await
+        .map_err(|_| Error::Check("the misnamed node did not exit".into()))?
+        .map_err(|e| Error::io("running logdex serve", e))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "the node exited with {}", out.status);
+    let says = format!("--peers names this node (1) at 127.0.0.1:{listed}, but its RPC address is 127.0.0.1:{rpc}");
+    ensure!(stderr.contains(&says), "the node says {says:?}: {stderr}");
     Ok(())
 }
