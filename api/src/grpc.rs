@@ -31,6 +31,7 @@ use crate::http::AppState;
 use crate::http::Lookup;
 use crate::http::LookupRequest;
 use crate::middleware::LOOKUP_ROUTE;
+use crate::middleware::Origin;
 use crate::routing::Hop;
 
 pub mod pb {
@@ -238,7 +239,11 @@ impl Service {
     }
 
     async fn call(&self, method: &str, uri: String, body: Vec<u8>, auth: Option<String>) -> Result<Answer, Status> {
-        let mut builder = HttpRequest::builder().method(method).uri(uri).header("content-type", "application/json");
+        let mut builder = HttpRequest::builder()
+            .method(method)
+            .uri(uri)
+            .header("content-type", "application/json")
+            .extension(crate::middleware::GrpcCall);
         if let Some(a) = auth {
             builder = builder.header("authorization", a);
         }
@@ -289,7 +294,7 @@ impl Service {
         .await;
         let status = written.as_ref().map_or_else(ApiError::status, |_| StatusCode::OK);
         // Counted as the HTTP route it stands for.
-        s.guard.metrics.observe(&method, LOOKUP_ROUTE, status, started.elapsed());
+        s.guard.metrics.observe(Origin::Grpc, &method, LOOKUP_ROUTE, status, started.elapsed());
         written
             .map(|(partition, offset)| Response::new(pb::WriteResponse { partition, offset }))
             .map_err(|e| self.with_rpc_redirect(status_of_error(&e)))
@@ -437,7 +442,7 @@ impl Logdex for Service {
             Ok(_) => StatusCode::NOT_FOUND,
             Err(e) => e.status(),
         };
-        s.guard.metrics.observe(&Method::GET, LOOKUP_ROUTE, status, started.elapsed());
+        s.guard.metrics.observe(Origin::Grpc, &Method::GET, LOOKUP_ROUTE, status, started.elapsed());
         answer.map(Response::new).map_err(|e| self.with_rpc_redirect(status_of_error(&e)))
     }
 
@@ -534,7 +539,7 @@ impl Logdex for Service {
             .map(|_slot| pb::NoopResponse { body: crate::http::NOOP_BODY.to_vec() });
         let status = answer.as_ref().map_or_else(ApiError::status, |_| StatusCode::OK);
         // Counted as the HTTP route it stands for, as `Get` is.
-        guard.metrics.observe(&Method::GET, crate::http::NOOP_ROUTE, status, started.elapsed());
+        guard.metrics.observe(Origin::Grpc, &Method::GET, crate::http::NOOP_ROUTE, status, started.elapsed());
         answer.map(Response::new).map_err(|e| status_of_error(&e))
     }
 }

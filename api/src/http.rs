@@ -119,7 +119,9 @@ pub fn app(state: AppState) -> AxumRouter {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route_layer(axum::middleware::from_fn_with_state(state.guard.clone(), crate::middleware::guard))
-        .fallback(|| async { ApiError::RouteNotFound })
+        .fallback(|State(s): State<AppState>, request: axum::extract::Request| async move {
+            crate::middleware::route_not_found(&s.guard, request).await
+        })
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
 }

@@ -64,8 +64,9 @@ pub async fn guard(State(g): State<Arc<Guard>>, request: Request, next: Next) ->
     let started = Instant::now();
     // A shared handle on the route's text (no copy): the request is consumed below.
     let matched = request.extensions().get::<MatchedPath>().cloned();
-    let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
+    let route = matched.as_ref().map_or(UNMATCHED_ROUTE, MatchedPath::as_str);
     let method = request.method().clone();
+    let origin = Origin::of(&request);
     let response = match admit(&g, &request, route) {
         Err(e) => e.into_response(),
         // Health and metrics answer on a node busy to its bound too: a liveness probe must not
@@ -77,8 +78,54 @@ pub async fn guard(State(g): State<Arc<Guard>>, request: Request, next: Next) ->
         },
     };
     let response = json_error_body(response, g.body_bytes_max).await;
-    g.metrics.observe(&method, route, response.status(), started.elapsed());
+    g.metrics.observe(origin, &method, route, response.status(), started.elapsed());
     response
+}
+
+/// Where a request counted in the request metrics came from: each request a client sent
+/// counts once as `http` or `grpc` on the node it reached, and once more as `forwarded` on
+/// each node it was forwarded to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Origin {
+    /// A client's HTTP request.
+    Http,
+    /// A client's gRPC call, counted as the HTTP route it stands for.
+    Grpc,
+    /// A request another node forwarded here.
+    Forwarded,
+}
+
+/// Marks a request the gRPC API made of a call (`grpc::Service::call`).
+#[derive(Clone, Copy, Debug)]
+pub struct GrpcCall;
+
+impl Origin {
+    pub fn of(request: &Request) -> Origin {
+        if request.headers().contains_key(crate::routing::FORWARDED_HEADER) {
+            Origin::Forwarded
+        } else if request.extensions().get::<GrpcCall>().is_some() {
+            Origin::Grpc
+        } else {
+            Origin::Http
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Origin::Http => "http",
+            Origin::Grpc => "grpc",
+            Origin::Forwarded => "forwarded",
+        }
+    }
+}
+
+/// The route label of a request that matched no route.
+pub const UNMATCHED_ROUTE: &str = "unmatched";
+
+/// The answer to a request that matched no route, counted as route [`UNMATCHED_ROUTE`].
+pub async fn route_not_found(g: &Guard, request: Request) -> Response {
+    g.metrics.observe(Origin::of(&request), request.method(), UNMATCHED_ROUTE, StatusCode::NOT_FOUND, Duration::ZERO);
+    json_error_body(ApiError::RouteNotFound.into_response(), g.body_bytes_max).await
 }
 
 /// The route of key lookups, as requests and metrics name it.
@@ -244,16 +291,34 @@ impl RateLimiter {
     }
 }
 
-/// Request counts and latency histograms by method, route and status.
+/// Request counts and latency histograms by origin, method, route and status.
 #[derive(Default)]
 pub struct Metrics {
-    /// Route -> the series of each (method, status) seen on it. A request finds its series
-    /// without allocating: the route is looked up by `&str`, and a route sees few pairs.
+    /// Route -> the series of each (origin, method, status) seen on it. A request finds its
+    /// series without allocating: the route is looked up by `&str`, and a route sees few.
     series: Mutex<HashMap<String, Vec<RouteSeries>>>,
 }
 
-/// One (method, status) series of a route.
-type RouteSeries = (axum::http::Method, u16, Series);
+/// One (origin, method, status) series of a route.
+type RouteSeries = (Origin, axum::http::Method, u16, Series);
+
+/// The method label of a request: its method when HTTP defines it, else `OTHER`, so that
+/// made-up methods add no series.
+fn method_label(method: &axum::http::Method) -> axum::http::Method {
+    use axum::http::Method;
+    let known = [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::PATCH,
+        Method::OPTIONS,
+        Method::CONNECT,
+        Method::TRACE,
+    ];
+    if known.contains(method) { method.clone() } else { Method::from_bytes(b"OTHER").unwrap_or_default() }
+}
 
 #[derive(Default, Clone)]
 struct Series {
@@ -263,7 +328,14 @@ struct Series {
 }
 
 impl Metrics {
-    pub fn observe(&self, method: &axum::http::Method, route: &str, status: StatusCode, elapsed: Duration) {
+    pub fn observe(
+        &self,
+        origin: Origin,
+        method: &axum::http::Method,
+        route: &str,
+        status: StatusCode,
+        elapsed: Duration,
+    ) {
         let secs = elapsed.as_secs_f64();
         let status = status.as_u16();
         let mut series = self.series.lock().unwrap_or_else(|e| e.into_inner());
@@ -271,14 +343,15 @@ impl Metrics {
             series.insert(route.to_string(), Vec::new());
         }
         let Some(per_route) = series.get_mut(route) else { return };
-        let at = match per_route.iter().position(|(m, st, _)| m == method && *st == status) {
+        let method = method_label(method);
+        let at = match per_route.iter().position(|(o, m, st, _)| *o == origin && *m == method && *st == status) {
             Some(at) => at,
             None => {
-                per_route.push((method.clone(), status, Series::default()));
+                per_route.push((origin, method, status, Series::default()));
                 per_route.len() - 1
             }
         };
-        let s = &mut per_route[at].2;
+        let s = &mut per_route[at].3;
         s.count += 1;
         s.sum_s += secs;
         for (i, bound) in LATENCY_BUCKETS_S.iter().enumerate() {
@@ -291,20 +364,27 @@ impl Metrics {
     /// Prometheus text exposition of the request series.
     pub fn render(&self, out: &mut String) {
         use std::fmt::Write;
-        let mut series: Vec<(String, String, u16, Series)> = {
+        let mut series: Vec<(Origin, String, String, u16, Series)> = {
             let series = self.series.lock().unwrap_or_else(|e| e.into_inner());
             series
                 .iter()
-                .flat_map(|(route, pairs)| {
-                    pairs.iter().map(|(method, status, s)| (method.to_string(), route.clone(), *status, s.clone()))
+                .flat_map(|(route, seen)| {
+                    seen.iter().map(|(origin, method, status, s)| {
+                        (*origin, method.to_string(), route.clone(), *status, s.clone())
+                    })
                 })
                 .collect()
         };
-        series.sort_by(|a, b| (&a.0, &a.1, a.2).cmp(&(&b.0, &b.1, b.2)));
-        let _ = writeln!(out, "# HELP logdex_http_request_duration_seconds HTTP request latency by route and status.");
+        series.sort_by(|a, b| (a.0, &a.1, &a.2, a.3).cmp(&(b.0, &b.1, &b.2, b.3)));
+        let _ = writeln!(
+            out,
+            "# HELP logdex_http_request_duration_seconds Request latency by origin (http, grpc: a client's call, \
+             under the HTTP route it stands for; forwarded: from another node), method, route and status."
+        );
         let _ = writeln!(out, "# TYPE logdex_http_request_duration_seconds histogram");
-        for (method, route, status, s) in &series {
-            let labels = format!("method=\"{method}\",route=\"{route}\",status=\"{status}\"");
+        for (origin, method, route, status, s) in &series {
+            let origin = origin.label();
+            let labels = format!("origin=\"{origin}\",method=\"{method}\",route=\"{route}\",status=\"{status}\"");
             for (i, bound) in LATENCY_BUCKETS_S.iter().enumerate() {
                 let _ = writeln!(
                     out,
@@ -330,14 +410,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn request_series_are_counted_per_method_route_and_status_and_rendered_in_order() {
+    fn request_series_are_counted_per_origin_method_route_and_status_and_rendered_in_order() {
+        use axum::http::Method;
         let metrics = Metrics::default();
         let ms = Duration::from_millis(1);
-        metrics.observe(&axum::http::Method::PUT, "/kv/{topic}/{*key}", StatusCode::OK, ms);
-        metrics.observe(&axum::http::Method::GET, "/kv/{topic}/{*key}", StatusCode::OK, ms);
-        metrics.observe(&axum::http::Method::GET, "/kv/{topic}/{*key}", StatusCode::OK, ms);
-        metrics.observe(&axum::http::Method::GET, "/kv/{topic}/{*key}", StatusCode::NOT_FOUND, ms);
-        metrics.observe(&axum::http::Method::GET, "/topics", StatusCode::OK, Duration::from_secs(100));
+        metrics.observe(Origin::Http, &Method::PUT, "/kv/{topic}/{*key}", StatusCode::OK, ms);
+        metrics.observe(Origin::Http, &Method::GET, "/kv/{topic}/{*key}", StatusCode::OK, ms);
+        metrics.observe(Origin::Http, &Method::GET, "/kv/{topic}/{*key}", StatusCode::OK, ms);
+        metrics.observe(Origin::Http, &Method::GET, "/kv/{topic}/{*key}", StatusCode::NOT_FOUND, ms);
+        metrics.observe(Origin::Http, &Method::GET, "/topics", StatusCode::OK, Duration::from_secs(100));
+        metrics.observe(Origin::Grpc, &Method::GET, "/kv/{topic}/{*key}", StatusCode::OK, ms);
+        metrics.observe(Origin::Forwarded, &Method::GET, "/kv/{topic}/{*key}", StatusCode::OK, ms);
+        // Made-up methods share one label.
+        for made_up in [&b"BREW"[..], b"WHEN", b"BREW"] {
+            let method = Method::from_bytes(made_up).unwrap_or_default();
+            metrics.observe(Origin::Http, &method, UNMATCHED_ROUTE, StatusCode::NOT_FOUND, ms);
+        }
         let mut out = String::new();
         metrics.render(&mut out);
         let counts: Vec<&str> =
@@ -345,10 +433,13 @@ mod tests {
         assert_eq!(
             counts,
             [
-                r#"logdex_http_request_duration_seconds_count{method="GET",route="/kv/{topic}/{*key}",status="200"} 2"#,
-                r#"logdex_http_request_duration_seconds_count{method="GET",route="/kv/{topic}/{*key}",status="404"} 1"#,
-                r#"logdex_http_request_duration_seconds_count{method="GET",route="/topics",status="200"} 1"#,
-                r#"logdex_http_request_duration_seconds_count{method="PUT",route="/kv/{topic}/{*key}",status="200"} 1"#,
+                r#"logdex_http_request_duration_seconds_count{origin="http",method="GET",route="/kv/{topic}/{*key}",status="200"} 2"#,
+                r#"logdex_http_request_duration_seconds_count{origin="http",method="GET",route="/kv/{topic}/{*key}",status="404"} 1"#,
+                r#"logdex_http_request_duration_seconds_count{origin="http",method="GET",route="/topics",status="200"} 1"#,
+                r#"logdex_http_request_duration_seconds_count{origin="http",method="OTHER",route="unmatched",status="404"} 3"#,
+                r#"logdex_http_request_duration_seconds_count{origin="http",method="PUT",route="/kv/{topic}/{*key}",status="200"} 1"#,
+                r#"logdex_http_request_duration_seconds_count{origin="grpc",method="GET",route="/kv/{topic}/{*key}",status="200"} 1"#,
+                r#"logdex_http_request_duration_seconds_count{origin="forwarded",method="GET",route="/kv/{topic}/{*key}",status="200"} 1"#,
             ]
         );
         // A request slower than every bucket is counted only in +Inf.

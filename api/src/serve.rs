@@ -18,6 +18,10 @@ use crate::routing::Router;
 use crate::tls::ClientAddr;
 use crate::tls::NodeTls;
 
+/// The largest `--record-cache-mb`: a bound on a mistyped size, far above any machine's memory
+/// the cache would fit in.
+const RECORD_CACHE_MB_MAX: u64 = 1 << 20;
+
 /// Flags of `logdex serve`; each also reads `LOGDEX_<FLAG>` from the environment.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
@@ -110,8 +114,8 @@ pub struct ServeArgs {
     pub tiered_store: Option<String>,
     /// Memory for records that key lookups read and that writes just applied, kept so the
     /// next lookups of their keys skip the segment log (one cache for every partition of the
-    /// node), in MiB; 0 turns it off.
-    #[arg(long, env = "LOGDEX_RECORD_CACHE_MB", default_value_t = 64)]
+    /// node), in MiB, at most 1048576 (1 TiB); 0 turns it off.
+    #[arg(long, env = "LOGDEX_RECORD_CACHE_MB", default_value_t = 64, value_parser = clap::value_parser!(u64).range(0..=RECORD_CACHE_MB_MAX))]
     pub record_cache_mb: u64,
     /// How long the Raft log's fsync thread waits for more appends before an fsync while the
     /// node is loaded (at least 8 writes waiting, appends of several partitions), in
@@ -594,6 +598,17 @@ mod tests {
         raise_open_files_limit();
         let (soft, hard) = rlimit::Resource::NOFILE.get().unwrap_or_default();
         assert!(soft >= hard.min(1 << 20), "soft {soft}, hard {hard}");
+    }
+
+    #[test]
+    fn a_record_cache_above_a_tebibyte_is_refused() {
+        use clap::Parser;
+        let parse =
+            |mb: &str| crate::cli::Cli::try_parse_from(["logdex", "serve", "--record-cache-mb", mb]).map(|_| ());
+        assert!(parse("0").is_ok());
+        assert!(parse("1048576").is_ok());
+        let refused = parse("999999999").err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(refused.contains("--record-cache-mb") && refused.contains("1048576"), "{refused}");
     }
 
     #[test]

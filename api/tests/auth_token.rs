@@ -87,7 +87,7 @@ async fn requests_without_the_bearer_token_answer_401_over_http_and_grpc() -> Te
     assert_eq!(client.noop(with_token).await?.into_inner().body, [b'x'; 100], "the floor's fixed body");
     let metrics = http.get(format!("{url}/metrics")).send().await?.text().await?;
     for status in [200, 401] {
-        let series = format!("method=\"GET\",route=\"/bench/noop\",status=\"{status}\"");
+        let series = format!("origin=\"grpc\",method=\"GET\",route=\"/bench/noop\",status=\"{status}\"");
         assert!(metrics.lines().any(|l| l.contains(&series)), "Noop counted with {status}: {metrics}");
     }
     node.shutdown().await;

@@ -175,34 +175,43 @@ fn header_u64(response: &reqwest::Response, name: &str) -> TestResult<u64> {
     Ok(value.to_str()?.parse()?)
 }
 
-/// The count of the request series `method`, key route and `status` in `/metrics`.
-async fn key_requests_counted(url: &str, method: &str, status: u16) -> TestResult<u64> {
+/// The count of the request series of `origin` (`http` or `grpc`), `method`, key route and
+/// `status` in `/metrics`.
+async fn key_requests_counted(url: &str, origin: &str, method: &str, status: u16) -> TestResult<u64> {
     let text = reqwest::get(format!("{url}/metrics")).await?.text().await?;
     let series = format!(
-        "logdex_http_request_duration_seconds_count{{method=\"{method}\",route=\"/kv/{{topic}}/{{*key}}\",status=\"{status}\"}} "
+        "logdex_http_request_duration_seconds_count{{origin=\"{origin}\",method=\"{method}\",route=\"/kv/{{topic}}/{{*key}}\",status=\"{status}\"}} "
     );
     Ok(text.lines().find_map(|l| l.strip_prefix(&series)).map_or(Ok(0), str::parse)?)
 }
 
-async fn lookups_counted(url: &str, status: u16) -> TestResult<u64> {
-    key_requests_counted(url, "GET", status).await
+/// Lookups answered with `status`, over HTTP and over gRPC.
+async fn lookups_counted(url: &str, status: u16) -> TestResult<(u64, u64)> {
+    Ok((
+        key_requests_counted(url, "http", "GET", status).await?,
+        key_requests_counted(url, "grpc", "GET", status).await?,
+    ))
 }
 
 /// A gRPC `Put` and `Delete` answer what `PUT` and `DELETE /kv/{topic}/{key}` answer: the
 /// partition and offset of the record, which a lookup then finds (or, after the delete, does
 /// not); the same error codes for bad input; and they are counted in the key route's request
-/// metrics under their HTTP methods.
+/// metrics under their HTTP methods, as gRPC calls.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_put_and_delete_answer_what_http_writes_answer() -> TestResult {
     let dir = tempfile::tempdir()?;
     let (node, url) = common::start_node(dir.path(), &[]).await?;
     let http = reqwest::Client::new();
     common::create_topic(&http, &url, "t", 3).await?;
-    let counted_before = (
-        key_requests_counted(&url, "PUT", 200).await?,
-        key_requests_counted(&url, "DELETE", 200).await?,
-        key_requests_counted(&url, "PUT", 400).await?,
-    );
+    let counted = || async {
+        TestResult::Ok([
+            key_requests_counted(&url, "grpc", "PUT", 200).await?,
+            key_requests_counted(&url, "http", "PUT", 200).await?,
+            key_requests_counted(&url, "grpc", "DELETE", 200).await?,
+            key_requests_counted(&url, "grpc", "PUT", 400).await?,
+        ])
+    };
+    let counted_before = counted().await?;
     let mut client = LogdexClient::connect(format!("http://{}", node.rpc_addr)).await?;
     let put = |key: &[u8], value: &[u8]| pb::PutRequest {
         topic: "t".into(),
@@ -237,15 +246,11 @@ async fn grpc_put_and_delete_answer_what_http_writes_answer() -> TestResult {
         assert!(status.message().starts_with(error_code), "{}", status.message());
     }
 
-    // Two puts (one over HTTP), one delete, and the three refused puts.
-    let counted_after = (
-        key_requests_counted(&url, "PUT", 200).await?,
-        key_requests_counted(&url, "DELETE", 200).await?,
-        key_requests_counted(&url, "PUT", 400).await?,
-    );
-    assert_eq!(counted_after.0, counted_before.0 + 2);
-    assert_eq!(counted_after.1, counted_before.1 + 1);
-    assert_eq!(counted_after.2, counted_before.2 + 2, "the two refused with 400 (the third is a 404)");
+    // Two puts (one over HTTP), one delete, and the three refused puts (two with 400, the
+    // third with 404).
+    let counted_after = counted().await?;
+    let added: Vec<u64> = counted_after.iter().zip(counted_before).map(|(after, before)| after - before).collect();
+    assert_eq!(added, [1, 1, 1, 2], "gRPC puts, HTTP puts, gRPC deletes, gRPC puts refused with 400");
     node.shutdown().await;
     Ok(())
 }
@@ -253,7 +258,7 @@ async fn grpc_put_and_delete_answer_what_http_writes_answer() -> TestResult {
 /// A gRPC `Get` answers what `GET /kv/{topic}/{key}` answers: value, partition, offset, high
 /// watermark, node and timestamp of a found key; partition, high watermark and node of a
 /// missing one; the same error codes for bad input; and it is counted in the lookup route's
-/// request metrics.
+/// request metrics as a gRPC call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_get_answers_what_the_http_lookup_answers() -> TestResult {
     let dir = tempfile::tempdir()?;
@@ -304,7 +309,8 @@ async fn grpc_get_answers_what_the_http_lookup_answers() -> TestResult {
 
     // One found and one missing lookup over HTTP, the same over gRPC.
     let counted_after = (lookups_counted(&url, 200).await?, lookups_counted(&url, 404).await?);
-    assert_eq!(counted_after, (counted_before.0 + 2, counted_before.1 + 2));
+    let (found, missing) = (counted_before.0, counted_before.1);
+    assert_eq!(counted_after, ((found.0 + 1, found.1 + 1), (missing.0 + 1, missing.1 + 1)));
     node.shutdown().await;
     Ok(())
 }

@@ -152,6 +152,15 @@ async fn bad_parameters_answer_400_with_a_code_that_names_them() -> TestResult {
     let (status, code, message) = error_of(http.get(format!("{url}/no/such/route")).send().await?).await?;
     assert_eq!((status, code.as_str()), (404, "route_not_found"));
     assert!(!message.is_empty(), "a 404 says what it is");
+    let made_up = reqwest::Method::from_bytes(b"BREW")?;
+    assert_eq!(http.request(made_up, format!("{url}/no/such/pot")).send().await?.status(), 404);
+    let metrics = http.get(format!("{url}/metrics")).send().await?.text().await?;
+    for method in ["GET", "OTHER"] {
+        let series = format!(
+            "logdex_http_request_duration_seconds_count{{origin=\"http\",method=\"{method}\",route=\"unmatched\",status=\"404\"}} 1"
+        );
+        assert!(metrics.lines().any(|l| l == series), "{series} in {metrics}");
+    }
 
     let spelled_out = json!({"name": "t", "partitions": 2, "replication_factor": 1,
         "config": {"cleanup.policy": "compact", "kv.index.enabled": "true"}});

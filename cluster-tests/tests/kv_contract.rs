@@ -283,9 +283,23 @@ async fn write_through_non_leader(cluster: &Cluster) -> Result<()> {
     Ok(())
 }
 
+/// Lookups answered 200 on `node` that came from `origin` (`http`: a client, `forwarded`: another
+/// node), from its `/metrics`.
+async fn lookups_counted(cluster: &Cluster, node: u64, origin: &str) -> Result<u64> {
+    let text = cluster.api().get_url(&format!("{}/metrics", cluster.url(node))).await?.text();
+    let series = format!(
+        "logdex_http_request_duration_seconds_count{{origin=\"{origin}\",method=\"GET\",route=\"/kv/{{topic}}/{{*key}}\",status=\"200\"}} "
+    );
+    match text.lines().find_map(|l| l.strip_prefix(&series)) {
+        None => Ok(0),
+        Some(count) => count.parse().map_err(|_| Error::Check(format!("a count that is no number: {count}"))),
+    }
+}
+
 /// With `?forward=false`, a node that hosts no replica of the key's partition (rf 1 topic)
 /// answers 421 with a JSON error and an X-Kv-Redirect URL that answers 200 from the hosting
-/// node; without it (default: forward), the answer equals the hosting node's direct answer.
+/// node; without it (default: forward), the answer equals the hosting node's direct answer,
+/// and the request metrics count it once as a client's and once as forwarded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forward_false_on_a_node_without_the_partition_answers_421_with_a_working_redirect() -> Result<()> {
     let cluster = Cluster::start(NODES).await?;
@@ -330,8 +344,17 @@ async fn misdirected(cluster: &Cluster) -> Result<()> {
                 followed.summary()
             );
 
+            let counted_before =
+                (lookups_counted(cluster, other, "http").await?, lookups_counted(cluster, host, "forwarded").await?);
             let forwarded = get(cluster, other, "single-replica", key, &read).await?;
             expect_hit(&forwarded, value, w.offset)?;
+            let counted_after =
+                (lookups_counted(cluster, other, "http").await?, lookups_counted(cluster, host, "forwarded").await?);
+            ensure_eq!(
+                counted_after,
+                (counted_before.0 + 1, counted_before.1 + 1),
+                "a forwarded lookup counts once as the client's (node {other}) and once as forwarded (node {host})"
+            );
             for header in [HEADER_PARTITION, HEADER_OFFSET, HEADER_NODE] {
                 ensure_eq!(
                     forwarded.header(header),

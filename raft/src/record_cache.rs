@@ -53,11 +53,12 @@ fn record_bytes(record: &Record) -> u64 {
 /// The node's cache of looked-up records, shared by its replicas. Cheap to clone.
 #[derive(Clone)]
 pub struct RecordCache {
-    records: Option<Arc<Records>>,
+    records: Arc<Records>,
 }
 
 struct Records {
-    cache: quick_cache::sync::Cache<(ReplicaId, Offset), Arc<Record>, RecordWeight>,
+    /// None: the cache is off, and every lookup misses.
+    cache: Option<quick_cache::sync::Cache<(ReplicaId, Offset), Arc<Record>, RecordWeight>>,
     hits: AtomicU64,
     misses: AtomicU64,
 }
@@ -70,18 +71,22 @@ impl RecordCache {
         }
         let items = (capacity_bytes / EXPECTED_ENTRY_BYTES).clamp(16, 1 << 24) as usize;
         let cache = quick_cache::sync::Cache::with_weighter(items, capacity_bytes, RecordWeight);
-        RecordCache { records: Some(Arc::new(Records { cache, hits: AtomicU64::new(0), misses: AtomicU64::new(0) })) }
+        RecordCache::of(Some(cache))
     }
 
-    /// A cache that holds nothing (every `get` misses).
+    /// A cache that holds nothing (every `get` misses, and counts so).
     pub fn disabled() -> RecordCache {
-        RecordCache { records: None }
+        RecordCache::of(None)
+    }
+
+    fn of(cache: Option<quick_cache::sync::Cache<(ReplicaId, Offset), Arc<Record>, RecordWeight>>) -> RecordCache {
+        RecordCache { records: Arc::new(Records { cache, hits: AtomicU64::new(0), misses: AtomicU64::new(0) }) }
     }
 
     /// The record at `offset` of `replica`, if cached.
     pub fn get(&self, replica: ReplicaId, offset: Offset) -> Option<Arc<Record>> {
-        let records = self.records.as_ref()?;
-        let found = records.cache.get(&(replica, offset));
+        let records = &self.records;
+        let found = records.cache.as_ref().and_then(|cache| cache.get(&(replica, offset)));
         let counter = if found.is_some() { &records.hits } else { &records.misses };
         counter.fetch_add(1, Relaxed);
         found
@@ -90,21 +95,21 @@ impl RecordCache {
     /// Keeps `record`, read or written at `offset` of `replica`, for later lookups. A record larger
     /// than an eighth of the cache is not kept.
     pub fn insert(&self, replica: ReplicaId, offset: Offset, record: Arc<Record>) {
-        let Some(records) = &self.records else { return };
-        if record_bytes(&record) > records.cache.capacity() / 8 {
+        let Some(cache) = &self.records.cache else { return };
+        if record_bytes(&record) > cache.capacity() / 8 {
             return;
         }
-        records.cache.insert((replica, offset), record);
+        cache.insert((replica, offset), record);
     }
 
     /// Lookups answered from the cache and lookups that read the log, since the start.
     pub fn hits_and_misses(&self) -> (u64, u64) {
-        self.records.as_ref().map_or((0, 0), |r| (r.hits.load(Relaxed), r.misses.load(Relaxed)))
+        (self.records.hits.load(Relaxed), self.records.misses.load(Relaxed))
     }
 
     /// Bytes of the records held (as weighed), and the bound.
     pub fn bytes_and_capacity(&self) -> (u64, u64) {
-        self.records.as_ref().map_or((0, 0), |r| (r.cache.weight(), r.cache.capacity()))
+        self.records.cache.as_ref().map_or((0, 0), |c| (c.weight(), c.capacity()))
     }
 }
 
@@ -143,11 +148,12 @@ mod tests {
     }
 
     #[test]
-    fn disabled_cache_keeps_nothing() {
+    fn disabled_cache_keeps_nothing_and_counts_each_lookup_a_miss() {
         let cache = RecordCache::new(0);
         cache.insert(1, 1, record("k", 10));
         assert!(cache.get(1, 1).is_none());
-        assert_eq!(cache.hits_and_misses(), (0, 0));
+        assert!(cache.get(1, 2).is_none());
+        assert_eq!(cache.hits_and_misses(), (0, 2));
     }
 
     #[test]
