@@ -374,8 +374,10 @@ pub struct RunningNode {
 }
 
 impl RunningNode {
-    /// Stops serving, shuts every group down and makes applied state durable.
+    /// Hands this node's leaderships over (bounded), stops serving, shuts every group down
+    /// and makes applied state durable.
     pub async fn shutdown(self) {
+        self.node.begin_stop().await;
         let _ = self.stop.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(5), self.http_task).await;
         self.node.shutdown().await;

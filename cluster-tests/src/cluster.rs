@@ -325,6 +325,15 @@ impl Cluster {
         Ok(text.rfind(&marker).map_or(&text[..], |at| &text[at..]).to_string())
     }
 
+    /// Stops node `id` cleanly with SIGTERM and waits (up to `timeout`) for it to exit;
+    /// returns its exit status.
+    pub async fn terminate(&mut self, id: u64, timeout: Duration) -> Result<std::process::ExitStatus> {
+        self.check_alive(id)?;
+        self.signal(id, "-TERM")?;
+        eprintln!("node {id} asked to stop (SIGTERM)");
+        self.wait_exited(id, timeout).await
+    }
+
     /// Stops node `id` with SIGSTOP (a process pause: no crash, no lost state).
     pub fn pause(&self, id: u64) -> Result<()> {
         self.check_alive(id)?;
