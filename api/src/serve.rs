@@ -417,11 +417,12 @@ pub async fn start(args: ServeArgs) -> Result<RunningNode, String> {
     if let Some(tls) = &tls {
         rpc_server = rpc_server.tls_config(tls.rpc_server()).map_err(|e| format!("rpc listener's TLS: {e}"))?;
     }
+    let tls_on = tls.is_some();
     let rpc_task = tokio::spawn(async move {
         rpc_server
             .add_service(rpc)
             .add_service(client_api)
-            .serve_with_incoming_shutdown(tokio_stream_incoming(rpc_listener), async move {
+            .serve_with_incoming_shutdown(rpc_incoming(rpc_listener, tls_on), async move {
                 let _ = rpc_stop.changed().await;
             })
             .await
@@ -517,16 +518,75 @@ fn raise_open_files_limit() {
     }
 }
 
-fn tokio_stream_incoming(
+/// How long an RPC connection's first byte is waited for before the connection goes to the
+/// server unread (a client sends its opening at once).
+const RPC_OPENING_WAIT: Duration = Duration::from_secs(5);
+/// Least time between two warnings of RPC connections opened in the wrong protocol.
+const RPC_OPENING_WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// The RPC listener's connections, each handed to the server once its first byte arrived (or
+/// after [`RPC_OPENING_WAIT`]), so that a peer speaking TLS to a plain node, or plain HTTP/2
+/// to a TLS node, is logged with what to change: otherwise only the peer sees a transport
+/// error, and a node restarted without (or with) the cluster's TLS flags is silently cut off.
+/// Connections are checked in tasks of their own: a silent client holds up no other. The
+/// accept loop ends with the server.
+fn rpc_incoming(
     listener: tokio::net::TcpListener,
+    tls: bool,
 ) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    futures::stream::unfold(listener, |listener| async move {
-        let item = listener.accept().await.map(|(stream, _)| {
+    let (ready, accepted) = tokio::sync::mpsc::channel(64);
+    let warned_at: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>> = Default::default();
+    tokio::spawn(async move {
+        loop {
+            let (stream, peer) = tokio::select! {
+                () = ready.closed() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        if ready.send(Err(e)).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                },
+            };
             let _ = stream.set_nodelay(true);
-            stream
-        });
-        Some((item, listener))
-    })
+            let (ready, warned_at) = (ready.clone(), warned_at.clone());
+            tokio::spawn(async move {
+                let mut first = [0u8; 1];
+                if let Ok(Ok(1)) = tokio::time::timeout(RPC_OPENING_WAIT, stream.peek(&mut first)).await
+                    && let Some(hint) = wrong_rpc_opening(first[0], tls)
+                {
+                    let mut warned_at = warned_at.lock().unwrap_or_else(|p| p.into_inner());
+                    if warned_at.is_none_or(|at| at.elapsed() >= RPC_OPENING_WARN_EVERY) {
+                        *warned_at = Some(std::time::Instant::now());
+                        tracing::warn!(%peer, "{hint}");
+                    }
+                }
+                let _ = ready.send(Ok(stream)).await;
+            });
+        }
+    });
+    futures::stream::unfold(accepted, |mut accepted| async move { accepted.recv().await.map(|item| (item, accepted)) })
+}
+
+/// What to tell of an RPC connection whose first byte is `first`, on a node that serves TLS
+/// (`tls`) or not; None when it opens as expected (or unrecognizably).
+fn wrong_rpc_opening(first: u8, tls: bool) -> Option<&'static str> {
+    /// The first byte of a TLS connection (a handshake record), and of the HTTP/2 preface.
+    const TLS_HANDSHAKE: u8 = 0x16;
+    const HTTP2_PREFACE: u8 = b'P';
+    match (tls, first) {
+        (false, TLS_HANDSHAKE) => Some(
+            "a peer opened a TLS connection to this node's plain RPC port: the cluster uses TLS; start this node \
+             with --tls-cert-file, --tls-key-file and --tls-ca-file as its peers",
+        ),
+        (true, HTTP2_PREFACE) => Some(
+            "a peer spoke plain HTTP/2 to this node's TLS RPC port: start that node with --tls-cert-file, \
+             --tls-key-file and --tls-ca-file as this one",
+        ),
+        _ => None,
+    }
 }
 
 /// Resolves on Ctrl-C (SIGINT) or SIGTERM. The handlers are installed when this is called,

@@ -1,5 +1,6 @@
 //! A cluster started with TLS (`--tls-cert-file`, `--tls-key-file`, `--tls-ca-file`): every
-//! path between client and nodes and between nodes is HTTPS or RPC over TLS, and works.
+//! path between client and nodes and between nodes is HTTPS or RPC over TLS, and works; a
+//! node called in the other protocol on its RPC port logs which flags differ.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -19,6 +20,8 @@ use logdex_cluster_tests::client::HEADER_REDIRECT;
 use logdex_cluster_tests::client::written;
 use logdex_cluster_tests::ensure;
 use logdex_cluster_tests::ensure_eq;
+use logdex_cluster_tests::support::Probe;
+use logdex_cluster_tests::support::poll_until;
 use logdex_cluster_tests::support::settled;
 use logdex_cluster_tests::tls::TestPki;
 
@@ -130,6 +133,37 @@ async fn over_tls(cluster: &Cluster) -> Result<()> {
         first.is_empty() || first[0] == 21,
         "the RPC listener answered a plain HTTP/2 opening with {first:?} (a SETTINGS frame has type 4 at byte 3)"
     );
+    // ... and the node logs what the peer that spoke it must change.
+    let told = "spoke plain HTTP/2 to this node's TLS RPC port: start that node with --tls-cert-file";
+    poll_until("node 1 logs the plain opening", Duration::from_secs(10), Duration::from_millis(100), || async {
+        Ok(if cluster.launch_log(1)?.contains(told) { Probe::Ready(()) } else { Probe::NotYet(cluster.log_tail(1, 5)) })
+    })
+    .await
+}
+
+/// A TLS opening on a plain node's RPC port (a peer of a TLS cluster calling a node started
+/// without the cluster's TLS flags) is logged by that node with the flags to add: the peer
+/// alone would see only a transport error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_node_called_over_tls_logs_the_flags_it_lacks() -> Result<()> {
+    let cluster = Cluster::start(1).await?;
+    let outcome = called_over_tls(&cluster).await;
+    cluster.finish(outcome)
+}
+
+async fn called_over_tls(cluster: &Cluster) -> Result<()> {
+    use tokio::io::AsyncWriteExt as _;
+    let addr = cluster.rpc_addr(1);
+    let mut stream =
+        tokio::net::TcpStream::connect(addr).await.map_err(|e| Error::io(format!("connecting to {addr}"), e))?;
+    // The start of a TLS record: handshake (22), version 3.1, then a length.
+    stream.write_all(&[22, 3, 1, 0, 64]).await.map_err(|e| Error::io(format!("writing to {addr}"), e))?;
+    let told = "opened a TLS connection to this node's plain RPC port: the cluster uses TLS; start this node with --tls-cert-file";
+    poll_until("node 1 logs the TLS opening", Duration::from_secs(10), Duration::from_millis(100), || async {
+        Ok(if cluster.launch_log(1)?.contains(told) { Probe::Ready(()) } else { Probe::NotYet(cluster.log_tail(1, 5)) })
+    })
+    .await?;
+    cluster.api().healthz(&cluster.url(1)).await?.expect_status(200)?;
     Ok(())
 }
 
