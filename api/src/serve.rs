@@ -129,7 +129,8 @@ pub struct ServeArgs {
     /// How often each node hands the leadership of the partitions it leads back to their
     /// preferred replica (the first of the assignment) when that replica is up and caught up,
     /// in seconds, 0 to 86400; 0 turns it off. Leaderships move off a node that restarts or is
-    /// cut off, and come back this way (as Kafka's auto.leader.rebalance.enable).
+    /// cut off, and come back this way (as Kafka's auto.leader.rebalance.enable). A node asks
+    /// for at most 32 in a pass; while it has more to ask for, the next pass follows in 2 s.
     #[arg(long, env = "LOGDEX_LEADER_BALANCE_INTERVAL_SECS", default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub leader_balance_interval_secs: u64,
@@ -144,13 +145,13 @@ pub struct ServeArgs {
     pub worker_threads: u16,
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `logdex_raft=debug`. The default
     /// keeps openraft's errors but not those of its request path (`raft_inner`,
-    /// `stream_append`), which only repeat that a replica's Raft core has stopped, as it does
-    /// when a topic is deleted, a replica moves away or the node shuts down (openraft logs a
-    /// core that stops on an error itself, under `openraft::core`).
+    /// `stream_append`) and heartbeat workers, which only repeat that a replica's Raft core has
+    /// stopped, as it does when a topic is deleted, a replica moves away or the node shuts down
+    /// (openraft logs a core that stops on an error itself, under `openraft::core`).
     #[arg(
         long,
         env = "LOGDEX_LOG",
-        default_value = "info,openraft=error,openraft::raft::raft_inner=off,openraft::raft::stream_append=off",
+        default_value = "info,openraft=error,openraft::raft::raft_inner=off,openraft::raft::stream_append=off,openraft::core::heartbeat::worker=off",
         value_parser = log_filter
     )]
     pub log: String,

@@ -52,6 +52,8 @@ pub const ACK_FRESH_MIN: Duration = Duration::from_secs(1);
 /// Leaderships a node asks for in one pass at most: a node that should lead many groups
 /// takes them back over several passes rather than starting every election at once.
 pub const ASKS_PER_PASS_MAX: usize = 32;
+/// Pause before the next pass when a pass asked for [`ASKS_PER_PASS_MAX`] leaderships.
+pub const BACKLOG_PAUSE: Duration = Duration::from_secs(2);
 /// A replica handed its leadership does not ask again for this many intervals.
 pub const RETRY_AFTER_INTERVALS: u32 = 5;
 
@@ -108,6 +110,12 @@ pub fn hand_to_preferred(view: &LeaderView, ack_fresh: Duration) -> bool {
     fresh && caught_up
 }
 
+/// The pause before the next balancing pass, after one that asked for `asked` leaderships:
+/// shortly after one that asked for its most (more may be left), else `interval`.
+pub fn next_pause(asked: usize, interval: Duration) -> Duration {
+    if asked >= ASKS_PER_PASS_MAX { interval.min(BACKLOG_PAUSE) } else { interval }
+}
+
 /// How recent a preferred replica's last answer must be, for a heartbeat interval.
 pub fn ack_fresh(heartbeat: Duration) -> Duration {
     heartbeat.saturating_mul(ACK_FRESH_HEARTBEATS).max(ACK_FRESH_MIN)
@@ -116,6 +124,16 @@ pub fn ack_fresh(heartbeat: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pass_that_asked_for_its_most_is_followed_shortly_else_after_the_interval() {
+        let minute = Duration::from_secs(60);
+        assert_eq!(next_pause(ASKS_PER_PASS_MAX, minute), BACKLOG_PAUSE);
+        assert_eq!(next_pause(ASKS_PER_PASS_MAX - 1, minute), minute);
+        assert_eq!(next_pause(0, minute), minute);
+        // An interval shorter than the pause stays the interval.
+        assert_eq!(next_pause(ASKS_PER_PASS_MAX, Duration::from_secs(1)), Duration::from_secs(1));
+    }
 
     fn view() -> LeaderView {
         LeaderView {

@@ -952,9 +952,10 @@ impl Node {
         let retry_after = interval.saturating_mul(balance::RETRY_AFTER_INTERVALS);
         let mut stop = self.inner.stop.subscribe();
         let mut handed: HashMap<GroupId, tokio::time::Instant> = HashMap::new();
+        let mut pause = interval;
         loop {
             tokio::select! {
-                _ = tokio::time::sleep(interval) => {}
+                _ = tokio::time::sleep(pause) => {}
                 _ = stop.changed() => return,
             }
             handed.retain(|_, at| at.elapsed() < retry_after);
@@ -978,6 +979,9 @@ impl Node {
                     Err(e) => tracing::debug!(group = g.group_id, leader, error = %e, "cannot ask for the leadership"),
                 }
             }
+            // A pass that asked for its most leaves more to ask for (after a full-cluster
+            // restart, say, hundreds): the next goes on shortly, not an interval later.
+            pause = balance::next_pause(asked, interval);
         }
     }
 
