@@ -305,7 +305,7 @@ impl Index {
         Ok(self.shard(group).registry.get(group).map_or(0, |state| state.key_estimate.load(Ordering::Relaxed)))
     }
 
-    /// Blocking maintenance for tests, benchmarks and operators: persist, flush
+    /// Blocking maintenance (the node runs it after removing replicas): persist, flush
     /// both memtables, then compact the data keyspace into its last level,
     /// running the compaction filter over everything.
     pub fn compact(&self) -> Result<()> {

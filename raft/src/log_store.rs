@@ -55,6 +55,11 @@ use crate::wire;
 pub const FORMAT_VERSION: u8 = 1;
 
 const TAG_ENTRY: u8 = b'E';
+/// A key no replica has (replica id 2^64 - 1, tag `R`), whose tombstone makes the flush that
+/// ends [`RaftLogDb::compact`]. Never read.
+const RECLAIM_KEY: [u8; 9] = [0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, b'R'];
+/// Pause between the two compactions of [`RaftLogDb::compact`].
+const COMPACT_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
 const TAG_VOTE: u8 = b'V';
 const TAG_COMMITTED: u8 = b'C';
 const TAG_PURGED: u8 = b'P';
@@ -191,6 +196,21 @@ impl RaftLogDb {
             batch.remove(&self.ks, item.key()?);
         }
         batch.commit()?;
+        Ok(())
+    }
+
+    /// Blocking: flushes the memtable and compacts the keyspace into its last level, so the
+    /// entries of removed groups (and of purged logs) leave the disk with their tombstones.
+    /// A compaction finds nothing to do while fjall compacts in the background, so it runs
+    /// twice, apart; the tables it replaced are deleted at the next flush (fjall drops
+    /// replaced table versions then), which a tombstone of [`RECLAIM_KEY`] provides.
+    pub fn compact(&self) -> crate::Result<()> {
+        self.ks.rotate_memtable_and_wait()?;
+        self.ks.major_compact()?;
+        std::thread::sleep(COMPACT_RETRY_PAUSE);
+        self.ks.major_compact()?;
+        self.ks.remove(RECLAIM_KEY)?;
+        self.ks.rotate_memtable_and_wait()?;
         Ok(())
     }
 

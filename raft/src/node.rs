@@ -288,6 +288,10 @@ struct NodeInner {
     stop: tokio::sync::watch::Sender<bool>,
     /// The data directory's incarnation (`node.json`), sent with the registration.
     incarnation: u64,
+    /// A compaction of the Raft log and the index is due after replicas were removed
+    /// ([`Node::reclaim_removed`]); held while one runs.
+    reclaim_due: std::sync::atomic::AtomicBool,
+    reclaiming: tokio::sync::Mutex<()>,
     /// Why the node cannot go on (its registration was refused), once it knows.
     fatal: tokio::sync::watch::Sender<Option<String>>,
 }
@@ -375,6 +379,8 @@ impl Node {
                 tier_collected: Default::default(),
                 stop,
                 incarnation,
+                reclaim_due: Default::default(),
+                reclaiming: Default::default(),
                 fatal: tokio::sync::watch::channel(None).0,
             }),
         })
@@ -1535,8 +1541,44 @@ impl Node {
             self.inner.index.drop_group(replica)?;
             self.inner.raft_log.delete_group(replica)?;
             std::fs::remove_dir_all(entry.path())?;
+            self.reclaim_removed();
         }
         Ok(())
+    }
+
+    /// Gives the disk of removed replicas back: their Raft log entries and index keys are
+    /// only marked removed (LSM tombstones, and a dropped group's keys), and the space would
+    /// come back only when later writes happen to compact the tables holding them, which an
+    /// idle node never does. A few seconds after the last removal (a topic's replicas go in
+    /// one reconcile pass), the Raft log and the index are flushed and compacted whole, on
+    /// the blocking pool, one compaction at a time.
+    fn reclaim_removed(&self) {
+        use std::sync::atomic::Ordering;
+        if self.inner.reclaim_due.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let node = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(RECLAIM_DELAY).await;
+            let _one_at_a_time = node.inner.reclaiming.lock().await;
+            node.inner.reclaim_due.store(false, Ordering::Release);
+            let (raft_log, index) = (node.inner.raft_log.clone(), node.inner.index.clone());
+            let started = std::time::Instant::now();
+            let compacted = tokio::task::spawn_blocking(move || -> Result<()> {
+                raft_log.compact()?;
+                index.compact()?;
+                Ok(())
+            })
+            .await;
+            match compacted {
+                Ok(Ok(())) => tracing::info!(
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "compacted the Raft log and the index after removing replicas"
+                ),
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot compact after removing replicas; later writes will"),
+                Err(e) => tracing::warn!(error = %e, "the compaction after removing replicas did not finish"),
+            }
+        });
     }
 
     fn groups_read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<GroupId, Arc<HostedGroup>>> {
@@ -1620,6 +1662,7 @@ impl Node {
         };
         hosted.raft.shutdown().await.map_err(Error::unavailable)?;
         self.inner.raft_log.delete_group(hosted.replica_id)?;
+        self.reclaim_removed();
         tracing::info!(group, replica = hosted.replica_id, "partition replica removed");
         // Readers may still hold the partition; the data goes when they let go
         // (at once, usually), else the orphan sweep removes it.
@@ -2245,6 +2288,10 @@ fn applied_index(raft: &Raft) -> u64 {
     use crate::types::WatchReceiver;
     raft.metrics().borrow_watched().last_applied.map_or(0, |l| l.index)
 }
+
+/// How long after a replica's removal its disk is reclaimed ([`Node::reclaim_removed`]), so
+/// the removals of one topic share one compaction.
+const RECLAIM_DELAY: Duration = Duration::from_secs(3);
 
 /// Longest a stopping node waits for the groups it led to name another leader.
 const STOP_HANDOFF_WAIT: Duration = Duration::from_secs(3);
