@@ -32,7 +32,10 @@ async fn a_node_stopped_with_sigterm_hands_its_leaderships_over_first() -> Resul
 
 async fn stop_the_controller_leader(cluster: &mut Cluster) -> Result<()> {
     let api = cluster.api().clone();
-    api.create_topic(&cluster.url(1), &TopicSpec::compacted(TOPIC, 3, 3)).await?.expect_status(201)?;
+    // A create answers once the partitions have leaders; should a first election fail on a
+    // loaded machine, the next waits an election timeout, longer than the client's own.
+    let patient = logdex_cluster_tests::Api::with_timeout(Duration::from_secs(4 * ELECTION_TIMEOUT_MS / 1000))?;
+    patient.create_topic(&cluster.url(1), &TopicSpec::compacted(TOPIC, 3, 3)).await?.expect_status(201)?;
     let view: Value = api.cluster(&cluster.url(1)).await?.json()?;
     let stopping =
         view["controller_leader"].as_u64().ok_or_else(|| Error::Check(format!("no controller leader: {view}")))?;

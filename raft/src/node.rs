@@ -2568,8 +2568,24 @@ async fn initialize_group(raft: Raft, members: BTreeMap<u64, pb::Node>, preferre
     }
     if let Err(e) = raft.initialize(members).await {
         tracing::debug!(error = %e, "group initialize skipped");
+        return;
+    }
+    // The first election fails when its vote requests reach peers that have not created their
+    // replica yet (they answer "not hosted"), and the next would wait an election timeout:
+    // campaign again shortly while no leader is known (a pre-vote first, which disturbs no
+    // leader elected meanwhile).
+    for _ in 0..INITIAL_ELECTION_RETRIES {
+        tokio::time::sleep(INITIAL_ELECTION_RETRY_PAUSE).await;
+        if crate::types::metrics_of(&raft).current_leader.is_some() || raft.trigger().elect(true).await.is_err() {
+            return;
+        }
     }
 }
+
+/// How often, and how far apart, a group's initializing replica campaigns again while its
+/// first election found no leader.
+const INITIAL_ELECTION_RETRIES: usize = 10;
+const INITIAL_ELECTION_RETRY_PAUSE: Duration = Duration::from_millis(300);
 
 /// For `wire` users outside this crate.
 pub use wire::log_id_to_pb;
