@@ -1,6 +1,7 @@
 //! Nodes the cluster cannot take stop with the reason instead of waiting for ever, and leave
 //! the cluster as it was: a node restarted at another RPC address (its groups' replicas know
-//! it at the old one), and a node joining with another node-to-node token.
+//! it at the old one; one of `--peers` refuses at start, as its entry there names the old
+//! one), and a node joining with another node-to-node token.
 
 use std::time::Duration;
 
@@ -33,40 +34,61 @@ fn token_file(dir: &std::path::Path, name: &str, token: &str) -> Result<String> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_restarted_at_another_rpc_address_stops_with_the_reason_and_starts_at_its_own() -> Result<()> {
-    let mut cluster = Cluster::start(3).await?;
+    let mut cluster = Cluster::start_with(ClusterOptions { spare_nodes: 1, ..ClusterOptions::plain(3) }).await?;
     let outcome = async {
-        cluster.api().create_topic(&cluster.url(1), &TopicSpec::compacted("moved", 3, 3)).await?.expect_status(201)?;
+        cluster.start_spare(4).await?;
+        cluster.api().create_topic(&cluster.url(1), &TopicSpec::compacted("moved", 4, 3)).await?.expect_status(201)?;
         cluster.wait_for_leaders("moved", SETTLE_TIMEOUT).await?;
 
-        cluster.kill(3)?;
-        let elsewhere = unused_address()?;
-        cluster.set_node_env(3, "LOGDEX_ADVERTISE_RPC_ADDR", &elsewhere);
-        cluster.launch_stopped(3)?;
-        let status = cluster.wait_exited(3, EXIT_TIMEOUT).await?;
-        ensure_eq!(status.code(), Some(1), "exit status of node 3 at {elsewhere}");
-        let log = cluster.launch_log(3)?;
-        let own = cluster.rpc_addr(3).to_string();
+        // A node that joined (no --peers): the controller refuses its registration.
+        let elsewhere = restart_elsewhere(&mut cluster, 4).await?;
+        let log = cluster.launch_log(4)?;
+        let own = cluster.rpc_addr(4).to_string();
         ensure!(
             log.contains("registration refused") && log.contains(&format!("--rpc-addr {own}")),
-            "node 3 says why it stopped and where it belongs:\n{log}"
+            "node 4 says why it stopped and where it belongs:\n{log}"
         );
         let nodes = cluster.api().get_url(&format!("{}/cluster", cluster.url(1))).await?.text();
         ensure!(!nodes.contains(&elsewhere), "the refused address is not registered: {nodes}");
 
-        // At its own address it takes part as before.
-        cluster.clear_node_env(3);
-        cluster.restart(3).await?;
-        let url = cluster.url(3);
-        for i in 0..6 {
-            let key = format!("k{i}");
-            cluster.api().put(&url, "moved", key.as_bytes(), key.as_bytes()).await?.expect_status(200)?;
-            let read = cluster.api().get(&url, "moved", key.as_bytes(), &Read::linearizable()).await?;
-            ensure_eq!(read.status, 200, "{key} read back on node 3: {}", read.summary());
+        // A node of --peers: its own entry there names the old address, so it refuses to start.
+        restart_elsewhere(&mut cluster, 3).await?;
+        let log = cluster.launch_log(3)?;
+        let own = cluster.rpc_addr(3).to_string();
+        ensure!(
+            log.contains(&format!("--peers names this node (3) at {own}"))
+                && log.contains(&format!("--rpc-addr {own}")),
+            "node 3 says why it stopped and where it belongs:\n{log}"
+        );
+
+        // At their own addresses they take part as before.
+        for id in [3, 4] {
+            cluster.clear_node_env(id);
+            cluster.restart(id).await?;
+            let url = cluster.url(id);
+            for i in 0..6 {
+                let key = format!("k{id}-{i}");
+                cluster.api().put(&url, "moved", key.as_bytes(), key.as_bytes()).await?.expect_status(200)?;
+                let read = cluster.api().get(&url, "moved", key.as_bytes(), &Read::linearizable()).await?;
+                ensure_eq!(read.status, 200, "{key} read back on node {id}: {}", read.summary());
+            }
         }
         Ok(())
     }
     .await;
     cluster.finish(outcome)
+}
+
+/// Kills node `id` and starts it again advertising an RPC address nothing listens on; it must
+/// exit with status 1. Returns that address.
+async fn restart_elsewhere(cluster: &mut Cluster, id: u64) -> Result<String> {
+    cluster.kill(id)?;
+    let elsewhere = unused_address()?;
+    cluster.set_node_env(id, "LOGDEX_ADVERTISE_RPC_ADDR", &elsewhere);
+    cluster.launch_stopped(id)?;
+    let status = cluster.wait_exited(id, EXIT_TIMEOUT).await?;
+    ensure_eq!(status.code(), Some(1), "exit status of node {id} at {elsewhere}");
+    Ok(elsewhere)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
