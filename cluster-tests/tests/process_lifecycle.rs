@@ -153,22 +153,23 @@ async fn dev_with_a_port_in_use_says_so_and_starts_no_node() -> Result<()> {
     refused_dev(&data, http, http + 2, "overlap").await
 }
 
+/// Runs `command` (`what` in errors) with its output captured until it exits, at most
+/// [`STOP_TIMEOUT`].
+async fn run_to_exit(mut command: tokio::process::Command, what: &str) -> Result<std::process::Output> {
+    let run =
+        command.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).kill_on_drop(true).output();
+    tokio::time::timeout(STOP_TIMEOUT, run)
+        .await
+        .map_err(|_| Error::Check(format!("{what} did not exit")))?
+        .map_err(|e| Error::io(format!("running {what}"), e))
+}
+
 /// Runs `logdex dev` on the given ports and checks that it exits with an error naming
 /// `expected` and leaves no node running.
 async fn refused_dev(data: &std::path::Path, http: u16, rpc: u16, expected: &str) -> Result<()> {
-    let dev = tokio::process::Command::new(binary_path()?)
-        .arg("dev")
-        .arg("--data-dir")
-        .arg(data)
-        .args(["--http-port", &http.to_string(), "--rpc-port", &rpc.to_string()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(STOP_TIMEOUT, dev)
-        .await
-        .map_err(|_| Error::Check(format!("logdex dev on ports {http}/{rpc} did not exit")))?
-        .map_err(|e| Error::io("running logdex dev", e))?;
+    let mut dev = tokio::process::Command::new(binary_path()?);
+    dev.arg("dev").arg("--data-dir").arg(data).args(["--http-port", &http.to_string(), "--rpc-port", &rpc.to_string()]);
+    let out = run_to_exit(dev, &format!("logdex dev on ports {http}/{rpc}")).await?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     ensure!(!out.status.success(), "dev on ports {http}/{rpc} exited with {}", out.status);
     ensure!(stderr.contains(expected), "dev says {expected:?}: {stderr}");
@@ -185,20 +186,14 @@ async fn node_named_in_peers_at_another_address_refuses_to_start() -> Result<()>
     let dir = tempfile::tempdir().map_err(|e| Error::io("creating a temp dir", e))?;
     let base = free_port_run(4)?;
     let (http, rpc, listed, other) = (base, base + 1, base + 2, base + 3);
-    let serve = tokio::process::Command::new(binary_path()?)
+    let mut serve = tokio::process::Command::new(binary_path()?);
+    serve
         .arg("serve")
         .args(["--node-id", "1", "--data-dir"])
         .arg(dir.path().join("n1"))
         .args(["--http-addr", &format!("127.0.0.1:{http}"), "--rpc-addr", &format!("127.0.0.1:{rpc}")])
-        .args(["--peers", &format!("1@127.0.0.1:{listed},2@127.0.0.1:{other}")])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(STOP_TIMEOUT, serve)
-        .await
-        .map_err(|_| Error::Check("the misnamed node did not exit".into()))?
-        .map_err(|e| Error::io("running logdex serve", e))?;
+        .args(["--peers", &format!("1@127.0.0.1:{listed},2@127.0.0.1:{other}")]);
+    let out = run_to_exit(serve, "the misnamed node").await?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     ensure!(!out.status.success(), "the node exited with {}", out.status);
     let says = format!("--peers names this node (1) at 127.0.0.1:{listed}, but its RPC address is 127.0.0.1:{rpc}");

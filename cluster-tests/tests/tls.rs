@@ -135,8 +135,13 @@ async fn over_tls(cluster: &Cluster) -> Result<()> {
     );
     // ... and the node logs what the peer that spoke it must change.
     let told = "spoke plain HTTP/2 to this node's TLS RPC port: start that node with --tls-cert-file";
-    poll_until("node 1 logs the plain opening", Duration::from_secs(10), Duration::from_millis(100), || async {
-        Ok(if cluster.launch_log(1)?.contains(told) { Probe::Ready(()) } else { Probe::NotYet(cluster.log_tail(1, 5)) })
+    wait_logged(cluster, told).await
+}
+
+/// Waits (at most 10 s) until node 1 has logged `text` since its launch.
+async fn wait_logged(cluster: &Cluster, text: &str) -> Result<()> {
+    poll_until(&format!("node 1 logs {text:?}"), Duration::from_secs(10), Duration::from_millis(100), || async {
+        Ok(if cluster.launch_log(1)?.contains(text) { Probe::Ready(()) } else { Probe::NotYet(cluster.log_tail(1, 5)) })
     })
     .await
 }
@@ -159,10 +164,7 @@ async fn called_over_tls(cluster: &Cluster) -> Result<()> {
     // The start of a TLS record: handshake (22), version 3.1, then a length.
     stream.write_all(&[22, 3, 1, 0, 64]).await.map_err(|e| Error::io(format!("writing to {addr}"), e))?;
     let told = "opened a TLS connection to this node's plain RPC port: the cluster uses TLS; start this node with --tls-cert-file";
-    poll_until("node 1 logs the TLS opening", Duration::from_secs(10), Duration::from_millis(100), || async {
-        Ok(if cluster.launch_log(1)?.contains(told) { Probe::Ready(()) } else { Probe::NotYet(cluster.log_tail(1, 5)) })
-    })
-    .await?;
+    wait_logged(cluster, told).await?;
     cluster.api().healthz(&cluster.url(1)).await?.expect_status(200)?;
     Ok(())
 }
