@@ -1078,6 +1078,9 @@ impl Node {
             compacted_at.retain(|id, _| hosted.contains(id));
             for g in groups {
                 let Some(topic) = state.topics.get(&g.topic) else { continue };
+                if let Err(e) = snapshot_past_trim(&g).await {
+                    tracing::warn!(group = g.group_id, error = %e, "snapshot after a trim failed; retrying next pass");
+                }
                 if let (Some(tier), Some(store)) = (topic.tier_policy(), &self.inner.tier_store)
                     && let Err(e) = self.tier_pass(&g, store, &tier).await
                 {
@@ -1178,15 +1181,10 @@ impl Node {
     /// and commits each copy through Raft, then trims remote segments past retention; on
     /// every replica, deletes local segments the store holds past local retention.
     async fn tier_pass(&self, g: &HostedGroup, store: &TierStore, policy: &TierPolicy) -> Result<()> {
-        // A snapshot taken before a trim names the trimmed objects: every replica takes a new
-        // one after a trim (the manifest keeps the trim's log index across restarts), and the
-        // leader deletes trimmed objects only once its own current snapshot (the one it
-        // sends) is past the trim.
+        // The leader deletes trimmed objects only once its own current snapshot (the one it
+        // sends) is past the trim (`snapshot_past_trim`).
         let snapshot_index = crate::types::metrics_of(&g.raft).snapshot.map_or(0, |l| l.index);
         let manifest = g.partition.tier_manifest();
-        if manifest.trimmed_at > snapshot_index {
-            g.raft.trigger().snapshot().await.map_err(Error::unavailable)?;
-        }
         if self.leader_node(g) == Some(self.node_id()) {
             for segment in g.partition.tier_candidates() {
                 self.tier_upload(g, store, &segment).await?;
@@ -2548,6 +2546,20 @@ fn forward_fn(node: std::sync::Weak<NodeInner>, leader: NodeId, group: GroupId) 
             Node { inner }.send_produce(leader, group, records).await
         })
     })
+}
+
+/// A snapshot taken before a trim (retention, local or tiered) still links the segments the
+/// trim deleted and names its remote objects: their disk space comes back, and a replica that
+/// catches up through the snapshot skips them, only once a newer snapshot replaces it. Every
+/// replica takes one after it applied a trim (the manifest keeps the trim's log index across
+/// restarts), instead of waiting for the snapshot policy's next one, which a topic no longer
+/// written never reaches.
+async fn snapshot_past_trim(g: &HostedGroup) -> Result<()> {
+    let snapshot_index = crate::types::metrics_of(&g.raft).snapshot.map_or(0, |l| l.index);
+    if g.partition.tier_manifest().trimmed_at > snapshot_index {
+        g.raft.trigger().snapshot().await.map_err(Error::unavailable)?;
+    }
+    Ok(())
 }
 
 /// Replicas a node opens at once when it starts them: one per core, at most 4.
