@@ -1271,7 +1271,13 @@ async fn cluster(State(s): State<AppState>) -> Json<Value> {
             })
         })
         .collect();
-    Json(json!({ "node_id": s.router.node.node_id(), "controller_leader": controller_leader, "nodes": nodes }))
+    let cluster_id = s.router.node.cluster_identity().get().map(|id| format!("{id:016x}"));
+    Json(json!({
+        "cluster_id": cluster_id,
+        "node_id": s.router.node.node_id(),
+        "controller_leader": controller_leader,
+        "nodes": nodes,
+    }))
 }
 
 async fn readyz(State(s): State<AppState>) -> Response {

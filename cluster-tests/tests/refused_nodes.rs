@@ -1,7 +1,8 @@
 //! Nodes the cluster cannot take stop with the reason instead of waiting for ever, and leave
 //! the cluster as it was: a node restarted at another RPC address (its groups' replicas know
 //! it at the old one; one of `--peers` refuses at start, as its entry there names the old
-//! one), and a node joining with another node-to-node token.
+//! one), and a node joining with another node-to-node token. A node of another cluster at a
+//! member's address is refused by the cluster, and refuses it.
 
 use std::time::Duration;
 
@@ -121,6 +122,83 @@ async fn node_joining_with_another_rpc_token_stops_with_the_reason() -> Result<(
         );
         let nodes = cluster.api().get_url(&format!("{}/cluster", cluster.url(1))).await?.text();
         ensure!(!nodes.contains("\"node_id\":4"), "node 4 is not registered: {nodes}");
+        Ok(())
+    }
+    .await;
+    cluster.finish(outcome)
+}
+
+/// A node started on an empty data directory without `--peers`, at the addresses of a member
+/// that stopped, forms a cluster of its own (its group ids restart at 1, as the real one's
+/// did). The real cluster's calls to it are refused, with the reason in its log: the real
+/// cluster counts the member as down and never reads the stranger's groups as its own
+/// (before, its `/cluster` showed node 3 alive, leading the stranger's group 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_of_another_cluster_at_a_members_address_is_refused() -> Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    let outcome = async {
+        let api = cluster.api().clone();
+        api.create_topic(&cluster.url(1), &TopicSpec::compacted("kept", 1, 3)).await?.expect_status(201)?;
+        cluster.wait_for_leaders("kept", SETTLE_TIMEOUT).await?;
+        api.put(&cluster.url(1), "kept", b"k", b"v").await?.expect_status(200)?;
+        let view = api.get_url(&format!("{}/cluster", cluster.url(1))).await?.json()?;
+        let ours = view["cluster_id"].as_str().unwrap_or_default().to_string();
+        ensure_eq!(ours.len(), 16, "the cluster's id in /cluster: {view}");
+
+        cluster.kill(3)?;
+        let http = cluster.url(3).trim_start_matches("http://").to_string();
+        let log_path = cluster.dir().join("stranger.log");
+        let log = std::fs::File::create(&log_path).map_err(|e| Error::io("creating the stranger's log", e))?;
+        let err = log.try_clone().map_err(|e| Error::io("duplicating the stranger's log", e))?;
+        let mut command = tokio::process::Command::new(logdex_cluster_tests::cluster::binary_path()?);
+        command.args(["serve", "--node-id", "3", "--data-dir"]).arg(cluster.dir().join("stranger"));
+        command.args(["--http-addr", &http, "--rpc-addr", &cluster.rpc_addr(3).to_string()]);
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("LOGDEX_") && name != "LOGDEX_LOG" {
+                command.env_remove(&name);
+            }
+        }
+        let mut stranger = command
+            .stdout(log)
+            .stderr(err)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| Error::io("starting the stranger", e))?;
+        let stranger_url = cluster.url(3);
+        let deadline = std::time::Instant::now() + SETTLE_TIMEOUT;
+        while api.get_url(&format!("{stranger_url}/readyz")).await.map(|r| r.status).unwrap_or(0) != 200 {
+            ensure!(std::time::Instant::now() < deadline, "the stranger never became ready");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        api.create_topic(&stranger_url, &TopicSpec::compacted("mine", 1, 1)).await?.expect_status(201)?;
+
+        let refusal = format!("refused a node-to-node call from a node of cluster {ours}");
+        let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+        let deadline = std::time::Instant::now() + SETTLE_TIMEOUT;
+        while !read_log().contains(&refusal) {
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "the stranger never refused the cluster's calls:\n{}",
+                read_log()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // Past a few status rounds and heartbeats.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let theirs = api.get_url(&format!("{stranger_url}/cluster")).await?.json()?;
+        ensure!(theirs["cluster_id"].as_str().is_some_and(|id| id != ours), "the stranger's own cluster: {theirs}");
+        ensure_eq!(theirs["nodes"].as_array().map(Vec::len), Some(1), "the stranger knows only itself: {theirs}");
+        let view = api.get_url(&format!("{}/cluster", cluster.url(1))).await?.json()?;
+        let node3 = view["nodes"].as_array().and_then(|nodes| nodes.iter().find(|n| n["node_id"] == 3)).cloned();
+        ensure!(
+            node3.as_ref().is_some_and(|n| n["alive"] == false && n["groups_led"].as_array().is_none_or(Vec::is_empty)),
+            "the cluster counts node 3 as down, leading nothing: {view}"
+        );
+        let read = api.get(&cluster.url(2), "kept", b"k", &Read::linearizable()).await?;
+        ensure_eq!(read.status, 200, "the cluster serves on: {}", read.summary());
+        api.put(&cluster.url(2), "kept", b"k2", b"v").await?.expect_status(200)?;
+        stranger.kill().await.map_err(|e| Error::io("stopping the stranger", e))?;
+
         Ok(())
     }
     .await;

@@ -116,6 +116,11 @@ pub struct ClusterState {
     pub applied: Option<LogId>,
     /// The last applied membership of the controller group.
     pub membership: StoredMembership,
+    /// The cluster's id, random, set by the first node registration applied (0 until then,
+    /// and in a state saved before the field). Node-to-node calls carry it, and a node
+    /// refuses calls from another cluster (`network::ClusterIdentity`).
+    #[serde(default)]
+    pub cluster_id: u64,
 }
 
 /// Outcome of a controller command, as the client sees it.
@@ -210,6 +215,9 @@ impl ClusterState {
             if r.incarnation == 0 {
                 record.incarnation = existing.incarnation;
             }
+        }
+        if self.cluster_id == 0 {
+            self.cluster_id = r.proposed_cluster_id;
         }
         if self.nodes.get(&r.node_id) == Some(&record) {
             return result("exists", format!("node {} already registered", r.node_id));
@@ -651,9 +659,42 @@ mod tests {
                 rpc_addr: format!("127.0.0.1:{port}"),
                 http_addr: format!("127.0.0.1:{}", 8000 + id),
                 incarnation,
+                proposed_cluster_id: 100 + id,
             })),
         };
         state.apply(&cmd)
+    }
+
+    #[test]
+    fn the_first_registration_applied_names_the_cluster_and_later_ones_do_not_rename_it() {
+        let mut state = ClusterState::default();
+        assert_eq!(register_from(&mut state, 4, 7004, 11).status, "ok");
+        assert_eq!(state.cluster_id, 104, "the first proposal");
+        assert_eq!(register_from(&mut state, 5, 7005, 22).status, "ok");
+        assert_eq!(register_from(&mut state, 4, 7004, 11).status, "exists");
+        assert_eq!(state.cluster_id, 104, "later registrations keep it");
+
+        // A conflicting registration names no cluster; one from a node that predates the
+        // field (no proposal) leaves it unnamed for the next.
+        let mut state = ClusterState::default();
+        let mut old = register_from(&mut state, 6, 7006, 0);
+        assert_eq!(old.status, "ok");
+        state.cluster_id = 0;
+        old = register_from(&mut state, 6, 7016, 0);
+        assert_eq!(old.status, "conflict", "{}", old.message);
+        assert_eq!(state.cluster_id, 0, "a refused registration names no cluster");
+        let unnamed = pb::ControllerCommand {
+            kind: Some(Kind::RegisterNode(pb::RegisterNode {
+                node_id: 7,
+                rpc_addr: "127.0.0.1:7007".into(),
+                http_addr: "127.0.0.1:8007".into(),
+                ..Default::default()
+            })),
+        };
+        assert_eq!(state.apply(&unnamed).status, "ok");
+        assert_eq!(state.cluster_id, 0, "no proposal");
+        assert_eq!(register_from(&mut state, 6, 7006, 0).status, "exists");
+        assert_eq!(state.cluster_id, 106, "the next proposal names it");
     }
 
     #[test]
@@ -691,6 +732,7 @@ mod tests {
                 rpc_addr: "127.0.0.1:7004".into(),
                 http_addr: "127.0.0.1:9004".into(),
                 incarnation: 11,
+                ..Default::default()
             })),
         };
         assert_eq!(state.apply(&moved_http).status, "ok");

@@ -108,28 +108,73 @@ async fn send_snapshot_files(
     send(Kind::End(end)).await
 }
 
-/// Adds the node-to-node bearer token, when configured, to every request.
-#[derive(Clone)]
-pub struct TokenInterceptor {
-    header: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+/// The id of the cluster this node belongs to (`ClusterState::cluster_id`), once its
+/// controller replica applied it; unknown before (a node that joins, or a new cluster before
+/// its first registration). Every node-to-node call carries it ([`CLUSTER_ID_HEADER`]), and
+/// a node refuses calls from another cluster (`service::CheckPeer`): a node started on an
+/// empty directory at a member's address forms a cluster of its own, and its groups (whose
+/// ids restart at 1) would otherwise take the other cluster's votes, entries and status
+/// calls for their own.
+#[derive(Clone, Default)]
+pub struct ClusterIdentity(Arc<std::sync::atomic::AtomicU64>);
+
+/// The metadata key of a call's cluster id: 16 lowercase hex digits.
+pub const CLUSTER_ID_HEADER: &str = "x-logdex-cluster";
+
+impl ClusterIdentity {
+    /// The id, once known.
+    pub fn get(&self) -> Option<u64> {
+        Some(self.0.load(Ordering::Relaxed)).filter(|id| *id != 0)
+    }
+
+    /// Records the id the controller state names (0: none yet, ignored). A cluster's id never
+    /// changes once set, so the first one learnt stays.
+    pub fn learn(&self, id: u64) {
+        if id != 0 {
+            let _ = self.0.compare_exchange(0, id, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    /// A call's metadata value of `id` (hex digits are always a valid value).
+    fn header(id: u64) -> Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>> {
+        format!("{id:016x}").parse().ok()
+    }
+
+    /// The id a call's metadata names: `None` when it names none (a node that has not learnt
+    /// its cluster's id yet, or predates them); unreadable text reads as an id of its own.
+    pub fn of_call(metadata: &tonic::metadata::MetadataMap) -> Option<u64> {
+        let value = metadata.get(CLUSTER_ID_HEADER)?;
+        Some(value.to_str().ok().and_then(|v| u64::from_str_radix(v, 16).ok()).unwrap_or(u64::MAX))
+    }
 }
 
-impl tonic::service::Interceptor for TokenInterceptor {
+/// Adds to every request the node-to-node bearer token, when configured, and the cluster's
+/// id, once known.
+#[derive(Clone)]
+pub struct PeerHeaders {
+    token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    cluster: ClusterIdentity,
+}
+
+impl tonic::service::Interceptor for PeerHeaders {
     fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(h) = &self.header {
+        if let Some(h) = &self.token {
             request.metadata_mut().insert("authorization", h.clone());
+        }
+        if let Some(value) = self.cluster.get().and_then(ClusterIdentity::header) {
+            request.metadata_mut().insert(CLUSTER_ID_HEADER, value);
         }
         Ok(request)
     }
 }
 
 /// A node-to-node client.
-pub type RaftClient = RaftServiceClient<tonic::service::interceptor::InterceptedService<Channel, TokenInterceptor>>;
+pub type RaftClient = RaftServiceClient<tonic::service::interceptor::InterceptedService<Channel, PeerHeaders>>;
 
 /// One channel per peer address, shared by all groups and by client-side calls.
 pub struct ChannelPool {
     pub(crate) channels: Mutex<HashMap<String, Channel>>,
-    token: TokenInterceptor,
+    headers: PeerHeaders,
     /// Source address of outgoing connections (the node's own RPC IP), so a
     /// fault-injecting proxy can tell the links between nodes apart.
     local_ip: Option<std::net::IpAddr>,
@@ -146,10 +191,15 @@ impl ChannelPool {
         };
         Ok(ChannelPool {
             channels: Mutex::new(HashMap::new()),
-            token: TokenInterceptor { header },
+            headers: PeerHeaders { token: header, cluster: ClusterIdentity::default() },
             local_ip,
             tls: None,
         })
+    }
+
+    /// Requests that carry `cluster`'s id once it is known.
+    pub fn with_cluster(self, cluster: ClusterIdentity) -> ChannelPool {
+        ChannelPool { headers: PeerHeaders { cluster, ..self.headers }, ..self }
     }
 
     /// Connections over TLS (`https`), verifying peers against the PEM certificates of
@@ -175,7 +225,7 @@ impl ChannelPool {
     pub fn client(&self, addr: &str) -> Result<RaftClient, tonic::transport::Error> {
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(channel) = channels.get(addr) {
-            return Ok(RaftServiceClient::with_interceptor(channel.clone(), self.token.clone()));
+            return Ok(RaftServiceClient::with_interceptor(channel.clone(), self.headers.clone()));
         }
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))?;
@@ -190,7 +240,7 @@ impl ChannelPool {
             .local_address(self.local_ip)
             .connect_lazy();
         channels.insert(addr.to_string(), channel.clone());
-        Ok(RaftServiceClient::with_interceptor(channel, self.token.clone()))
+        Ok(RaftServiceClient::with_interceptor(channel, self.headers.clone()))
     }
 }
 

@@ -334,12 +334,13 @@ impl Node {
         });
         let raft_log = raft_log.map_err(|_| Error::unavailable("opening the Raft log database panicked"))??;
         let index = index?;
+        let controller = Controller::open(config.data_dir.join("controller"))?;
         let pool = Arc::new(
             ChannelPool::new(config.rpc_token.as_deref(), config.rpc_source_ip)
                 .map_err(Error::Invalid)?
-                .with_tls_ca(config.rpc_tls_ca_pem.as_deref()),
+                .with_tls_ca(config.rpc_tls_ca_pem.as_deref())
+                .with_cluster(controller.identity()),
         );
-        let controller = Controller::open(config.data_dir.join("controller"))?;
         let (damage, damage_reports) = tokio::sync::mpsc::channel(crate::network::DAMAGE_REPORTS_MAX);
         let calls = Arc::new(crate::calls::Calls::new(pool.clone()));
         let controller_raft = Raft::new(
@@ -435,6 +436,11 @@ impl Node {
     /// A copy of the cluster metadata as this node's controller replica has applied it.
     pub fn cluster(&self) -> Arc<ClusterState> {
         self.inner.controller.state()
+    }
+
+    /// The id of the cluster this node belongs to, once its controller replica knows it.
+    pub fn cluster_identity(&self) -> crate::network::ClusterIdentity {
+        self.inner.controller.identity()
     }
 
     pub fn subscribe_cluster(&self) -> tokio::sync::watch::Receiver<u64> {
@@ -577,16 +583,20 @@ impl Node {
                 rpc_addr: config.rpc_addr.clone(),
                 http_addr: config.http_addr.clone(),
                 incarnation: self.inner.incarnation,
+                // Used only when the cluster has no id yet (its first registration).
+                proposed_cluster_id: random_incarnation(),
             })),
         };
         let mut stop = self.inner.stop.subscribe();
         let mut refusals = 0;
         for attempt in 0u64.. {
-            let registered = self
-                .cluster()
-                .nodes
-                .get(&config.node_id)
-                .is_some_and(|n| n.rpc_addr == config.rpc_addr && n.http_addr == config.http_addr);
+            // A cluster that predates cluster ids gets one from this registration.
+            let state = self.cluster();
+            let registered = state.cluster_id != 0
+                && state
+                    .nodes
+                    .get(&config.node_id)
+                    .is_some_and(|n| n.rpc_addr == config.rpc_addr && n.http_addr == config.http_addr);
             let in_membership = self.controller_membership_has(config.node_id);
             if registered && in_membership {
                 tracing::info!(attempt, "registered with the controller");
@@ -611,10 +621,10 @@ impl Node {
             }
             if refusals >= REGISTRATION_REFUSALS_MAX {
                 let e = result.as_ref().err().map(ToString::to_string).unwrap_or_default();
-                tracing::error!(error = %e, "the cluster refused this node's token or certificate");
+                tracing::error!(error = %e, "the cluster refused this node's token, certificate or cluster");
                 let reason = format!(
-                    "registration refused: {e} (every node needs the same --rpc-token-file, and a certificate its peers' \
-                     --tls-ca-file trusts)"
+                    "registration refused: {e} (every node needs the same --rpc-token-file, a certificate its peers' \
+                     --tls-ca-file trusts, and a data directory of their cluster or an empty one)"
                 );
                 let _ = self.inner.fatal.send(Some(reason));
                 return;
@@ -2170,16 +2180,23 @@ fn produce_error(group: GroupId, node: NodeId, status: tonic::Status, connect_fa
     }
 }
 
-/// Registration attempts in a row that a peer refuses (its token or its TLS certificate)
-/// before the node stops with the reason; every 500 ms.
+/// Registration attempts in a row that a peer refuses (its token, its TLS certificate, or its
+/// cluster) before the node stops with the reason; every 500 ms.
 const REGISTRATION_REFUSALS_MAX: u32 = 6;
 
 /// True for the texts of a peer's refusal that no retry can change: this node's node-to-node
-/// token ([`crate::service::RequireToken`]), or a certificate that one side does not trust.
+/// token ([`crate::service::CheckPeer`]), a certificate that one side does not trust, or a
+/// data directory of another cluster.
 fn refused_as_a_peer(message: &str) -> bool {
     mentions_any(
         message,
-        &["missing or wrong node-to-node token", "invalid peer certificate", "unknownca", "badcertificate"],
+        &[
+            "missing or wrong node-to-node token",
+            "invalid peer certificate",
+            "unknownca",
+            "badcertificate",
+            crate::service::FOREIGN_CLUSTER_REFUSAL,
+        ],
     )
 }
 

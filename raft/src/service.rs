@@ -13,6 +13,7 @@ use tonic::Response;
 use tonic::Status;
 use tonic::Streaming;
 
+use crate::network::ClusterIdentity;
 use crate::node::HostedGroup;
 use crate::node::Node;
 use crate::node::leader_read_log_id;
@@ -47,51 +48,92 @@ const CALLS_IN_FLIGHT: usize = 4096;
 const CALL_DEADLINE: std::time::Duration =
     crate::node::OPERATION_TIMEOUT.saturating_add(std::time::Duration::from_secs(1));
 
-/// Checks the node-to-node bearer token, when one is configured.
+/// Checks every node-to-node call: its bearer token, when one is configured, and that it
+/// comes from a node of this node's cluster, when both sides know their cluster's id
+/// ([`ClusterIdentity`]).
 #[derive(Clone)]
-pub struct RequireToken {
+pub struct CheckPeer {
     expected: Option<String>,
-    /// When a refusal was last logged: a peer with another token calls many times a second.
+    cluster: ClusterIdentity,
+    /// When a refusal was last logged: a refused peer calls many times a second.
     warned_at: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
 
 /// Least time between two warnings of refused node-to-node calls.
-const REFUSED_TOKEN_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+const REFUSED_PEER_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
-impl tonic::service::Interceptor for RequireToken {
-    fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
-        let Some(expected) = &self.expected else { return Ok(request) };
-        let given = request
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        let ok = given.is_some_and(|g| {
-            g.len() == expected.len() && g.bytes().zip(expected.bytes()).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0
-        });
-        if ok {
-            return Ok(request);
-        }
+/// The text of the refusal of a call from another cluster; `Node::register_loop` stops on it.
+pub const FOREIGN_CLUSTER_REFUSAL: &str = "the caller belongs to another cluster";
+
+impl CheckPeer {
+    /// Logs `why` (with the caller's address), at most every [`REFUSED_PEER_WARN_EVERY`].
+    fn warn(&self, request: &tonic::Request<()>, why: &str) {
         let mut warned_at = self.warned_at.lock().unwrap_or_else(|p| p.into_inner());
-        if warned_at.is_none_or(|at| at.elapsed() >= REFUSED_TOKEN_WARN_EVERY) {
+        if warned_at.is_none_or(|at| at.elapsed() >= REFUSED_PEER_WARN_EVERY) {
             *warned_at = Some(std::time::Instant::now());
             let from = request.remote_addr().map_or_else(|| "a peer".to_string(), |a| a.to_string());
-            tracing::warn!(
-                from,
-                "refused a node-to-node call with a missing or wrong token: every node needs the same --rpc-token-file"
-            );
+            tracing::warn!(from, "{why}");
         }
-        Err(Status::unauthenticated("missing or wrong node-to-node token"))
     }
 }
 
+impl tonic::service::Interceptor for CheckPeer {
+    fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        if let Some(expected) = &self.expected {
+            let given = request
+                .metadata()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "));
+            let ok = given.is_some_and(|g| {
+                g.len() == expected.len() && g.bytes().zip(expected.bytes()).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0
+            });
+            if !ok {
+                self.warn(
+                    &request,
+                    "refused a node-to-node call with a missing or wrong token: every node needs the same --rpc-token-file",
+                );
+                return Err(Status::unauthenticated("missing or wrong node-to-node token"));
+            }
+        }
+        let caller = ClusterIdentity::of_call(request.metadata());
+        if let (Some(own), Some(theirs)) = (self.cluster.get(), caller)
+            && from_another_cluster(&self.cluster, caller)
+        {
+            let why = format!(
+                "refused a node-to-node call from a node of cluster {theirs:016x}: this node belongs to cluster \
+                 {own:016x}. A node started on an empty data directory without --peers or --join forms a cluster \
+                 of its own; one that replaces a member's address needs that member's data directory, or joins \
+                 (--join) under a new id"
+            );
+            self.warn(&request, &why);
+            return Err(Status::permission_denied(format!(
+                "{FOREIGN_CLUSTER_REFUSAL} ({theirs:016x}); this node belongs to cluster {own:016x}"
+            )));
+        }
+        Ok(request)
+    }
+}
+
+/// Whether a call that named `caller` as its cluster comes from another cluster than this
+/// node's (both known). Long-lived streams ask it again for each message: a stream opened
+/// before this node learnt its cluster's id ends at the first message after, and the caller's
+/// next stream is refused when it opens.
+fn from_another_cluster(own: &ClusterIdentity, caller: Option<u64>) -> bool {
+    matches!((own.get(), caller), (Some(own), Some(caller)) if own != caller)
+}
+
 /// The tonic service for this node.
-pub fn server(node: Node) -> tonic::service::interceptor::InterceptedService<RaftServiceServer<Service>, RequireToken> {
+pub fn server(node: Node) -> tonic::service::interceptor::InterceptedService<RaftServiceServer<Service>, CheckPeer> {
     let expected = node.config().rpc_token.clone();
+    let cluster = node.cluster_identity();
     let server = RaftServiceServer::new(Service { node })
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
         .max_encoding_message_size(MESSAGE_BYTES_MAX);
-    tonic::service::interceptor::InterceptedService::new(server, RequireToken { expected, warned_at: Arc::default() })
+    tonic::service::interceptor::InterceptedService::new(
+        server,
+        CheckPeer { expected, cluster, warned_at: Arc::default() },
+    )
 }
 
 impl Service {
@@ -466,20 +508,22 @@ impl RaftService for Service {
         request: Request<Streaming<pb::AppendEntriesRequest>>,
     ) -> Result<Response<StreamAppendAnswers>, Status> {
         use futures::StreamExt;
+        let caller = ClusterIdentity::of_call(request.metadata());
+        let own = self.node.cluster_identity();
         let mut input = request.into_inner();
         let first = input.message().await?.ok_or_else(|| Status::invalid_argument("empty append stream"))?;
         let header = first.header;
         let raft = self.raft_for(header)?;
         let first = append_request_from_pb(first)?;
         // The stream ends at the first request for another group, that fails to
-        // decode, or at a transport error; openraft then reopens it.
-        let rest = futures::stream::unfold(input, move |mut input| async move {
+        // decode, from another cluster, or at a transport error; openraft then reopens it.
+        let rest = futures::stream::unfold((input, own), move |(mut input, own)| async move {
             let next = input.message().await.ok()??;
-            if next.header != header {
+            if next.header != header || from_another_cluster(&own, caller) {
                 return None;
             }
             let rpc = append_request_from_pb(next).ok()?;
-            Some((rpc, input))
+            Some((rpc, (input, own)))
         });
         let requests = futures::stream::once(futures::future::ready(first)).chain(rest);
         let answers = raft.stream_append(requests).map(stream_append_answer);
@@ -490,6 +534,8 @@ impl RaftService for Service {
         // Test builds with the `failpoints` feature: `rpc::calls_unsupported=return` answers as a
         // node from before call streams does, so its peers use the unary RPCs.
         fail::fail_point!("rpc::calls_unsupported", |_| Err(Status::unimplemented("call streams are switched off")));
+        let caller = ClusterIdentity::of_call(request.metadata());
+        let own = self.node.cluster_identity();
         let mut input = request.into_inner();
         let (answers, outgoing) = tokio::sync::mpsc::channel::<pb::CallResponse>(CALLS_IN_FLIGHT);
         let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(CALLS_IN_FLIGHT));
@@ -500,6 +546,7 @@ impl RaftService for Service {
             loop {
                 let Ok(permit) = permits.clone().acquire_owned().await else { break };
                 let request = match input.message().await {
+                    Ok(Some(_)) if from_another_cluster(&own, caller) => break,
                     Ok(Some(request)) => request,
                     Ok(None) => break,
                     Err(e) => {

@@ -23,6 +23,7 @@ use openraft::storage::RaftStateMachine;
 
 use crate::controller::ClusterState;
 use crate::error::to_io;
+use crate::network::ClusterIdentity;
 use crate::partition::AppliedState;
 use crate::partition::Partition;
 use crate::pb;
@@ -43,6 +44,8 @@ pub struct Controller {
     /// Copy-on-write: readers take the `Arc`, apply swaps in a new state.
     state: RwLock<Arc<ClusterState>>,
     changed: tokio::sync::watch::Sender<u64>,
+    /// The cluster's id as the applied state names it, for node-to-node calls.
+    identity: ClusterIdentity,
 }
 
 impl Controller {
@@ -50,7 +53,14 @@ impl Controller {
         std::fs::create_dir_all(&dir)?;
         let state = ClusterState::load(&dir)?;
         let (changed, _) = tokio::sync::watch::channel(0);
-        Ok(Arc::new(Controller { dir, state: RwLock::new(Arc::new(state)), changed }))
+        let identity = ClusterIdentity::default();
+        identity.learn(state.cluster_id);
+        Ok(Arc::new(Controller { dir, state: RwLock::new(Arc::new(state)), changed, identity }))
+    }
+
+    /// The cluster's id, learnt as the state that names it is applied.
+    pub fn identity(&self) -> ClusterIdentity {
+        self.identity.clone()
     }
 
     /// A copy of the current state.
@@ -189,6 +199,7 @@ impl GroupStateMachine {
                 answers.push(answer);
             }
             state.save(&controller.dir).map_err(to_io)?;
+            controller.identity.learn(state.cluster_id);
             self.state = AppliedState { applied: state.applied, membership: state.membership.clone() };
         }
         controller.changed.send_modify(|v| *v += 1);
@@ -284,6 +295,7 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
                 installed.applied = meta.last_log_id;
                 installed.membership = meta.last_membership.clone();
                 installed.save(&c.dir).map_err(to_io)?;
+                c.identity.learn(installed.cluster_id);
                 *c.state.write().map_err(|_| to_io("controller state lock poisoned"))? = Arc::new(installed);
                 c.changed.send_modify(|v| *v += 1);
                 self.state = AppliedState { applied: meta.last_log_id, membership: meta.last_membership.clone() };
