@@ -138,7 +138,7 @@ pub enum TopicCommand {
         #[arg(long)]
         replication_factor: Option<u32>,
         /// Topic config as key=value, repeatable (e.g. cleanup.policy=compact).
-        #[arg(long = "config", value_parser = parse_kv)]
+        #[arg(long = "config", value_parser = parse_kv, long_help = topic_config_help("cleanup.policy=compact"))]
         config: Vec<(String, String)>,
     },
     /// List topics.
@@ -159,7 +159,7 @@ pub enum TopicCommand {
         /// Topic name.
         name: String,
         /// Topic config as key=value, repeatable (e.g. retention.ms=3600000).
-        #[arg(long = "config", value_parser = parse_kv, required = true)]
+        #[arg(long = "config", value_parser = parse_kv, required = true, long_help = topic_config_help("retention.ms=3600000"))]
         config: Vec<(String, String)>,
     },
 }
@@ -180,6 +180,23 @@ pub struct Target {
     /// trusted for an https:// --url.
     #[arg(long, env = "LOGDEX_CA_FILE", global = true)]
     pub ca_file: Option<std::path::PathBuf>,
+}
+
+/// The `--help` of `--config`: every topic config key the server takes, with its values.
+fn topic_config_help(example: &str) -> String {
+    format!(
+        "Topic config as key=value, repeatable (e.g. {example}). Keys, as Kafka names them:\n\
+         cleanup.policy: compact (the default), delete, or compact,delete\n\
+         retention.ms, retention.bytes: -1 (no limit, the default) or more\n\
+         segment.bytes: 14 to 2147483647 (segments roll at 1 KiB at the least)\n\
+         segment.ms: at least 1\n\
+         delete.retention.ms: how long tombstones and removed keys' 410s stay (default 86400000)\n\
+         min.cleanable.dirty.ratio: 0 to 1 (default 0.5)\n\
+         max.message.bytes: 1 to 2147483647 (unset: 16 MiB)\n\
+         kv.index.enabled: true (the default) or false\n\
+         remote.storage.enable: true or false (tiered storage; needs cleanup.policy=delete)\n\
+         local.retention.ms, local.retention.bytes: -2 (as retention.*, the default), -1, or more"
+    )
 }
 
 pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {

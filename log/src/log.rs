@@ -369,7 +369,17 @@ impl Log {
         let mut cut = self.start_offset();
         for (i, segment) in self.segments.iter().enumerate() {
             let next = self.segments.get(i + 1);
-            if (next.is_none() && segment.is_empty()) || !self.retention_due(segment, size, now_ms) {
+            if next.is_none() && segment.is_empty() {
+                break;
+            }
+            // A segment that compaction emptied (the first is kept, so the start offset does
+            // not move) has no record to age: by time it goes with the next segment past
+            // retention, so compaction alone never moves the start (as in Kafka, where an
+            // empty segment ages from its file's last change, the compaction).
+            if segment.is_empty() && !self.too_big(segment, size) {
+                continue;
+            }
+            if !self.retention_due(segment, size, now_ms) {
                 break;
             }
             size -= segment.size_bytes();
@@ -653,8 +663,12 @@ impl Log {
         let now = i64::try_from(now_ms).unwrap_or(i64::MAX);
         let too_old =
             self.config.retention_ms.is_some_and(|ms| now.saturating_sub(segment.max_timestamp_ms()) > ms as i64);
-        let too_big = self.config.retention_bytes.is_some_and(|limit| log_bytes - segment.size_bytes() >= limit);
-        too_old || too_big
+        too_old || self.too_big(segment, log_bytes)
+    }
+
+    /// Whether the log of `log_bytes` is still at least `retention_bytes` without `segment`.
+    fn too_big(&self, segment: &Segment, log_bytes: u64) -> bool {
+        self.config.retention_bytes.is_some_and(|limit| log_bytes - segment.size_bytes() >= limit)
     }
 
     fn truncate_at(&mut self, index: usize, cut: u64, next_offset: Offset) -> Result<()> {

@@ -220,8 +220,12 @@ fn retention(log: &mut Log, model: &mut Model, ms: Option<u64>, bytes: Option<u6
             break;
         }
         let max_ts = model.records.range(segment.base_offset..segment.next_offset).map(|(_, r)| r.timestamp_ms).max();
-        let old = ms.is_some_and(|ms| model.clock_ms.saturating_sub(max_ts.unwrap_or(i64::MIN)) > ms as i64);
         let big = bytes.is_some_and(|limit| total - segment.size_bytes >= limit);
+        // A segment compaction emptied goes by time only with the next one past retention.
+        if segment.size_bytes == 0 && !big {
+            continue;
+        }
+        let old = ms.is_some_and(|ms| model.clock_ms.saturating_sub(max_ts.unwrap_or(i64::MIN)) > ms as i64);
         if !(old || big) {
             break;
         }

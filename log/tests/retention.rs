@@ -124,3 +124,25 @@ fn delete_oldest_sealed_removes_one_segment_file_and_never_the_active_one() -> T
     assert_eq!(log.read_record(4)?.map(|(o, _)| o), Some(4));
     Ok(())
 }
+
+/// A first segment that compaction emptied (kept, so the start offset does not move) has no
+/// record to age: retention by time takes it only with the next segment past retention, so
+/// compaction alone never moves the start of a `compact,delete` log.
+#[test]
+fn a_segment_compaction_emptied_goes_only_with_the_next_segment_past_retention() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut log = Log::open(dir.path(), LogConfig { retention_ms: Some(2500), ..small_config() })?;
+    // Two sealed segments of `k` (times 1000 and 2000), then the latest `k` (time 5000).
+    for time in [1000, 2000] {
+        log.append(&mut encode_batch(&[at(time), at(time)], Compression::None)?, 0)?;
+        log.roll()?;
+    }
+    log.append(&mut encode_batch(&[at(5000)], Compression::None)?, 0)?;
+    let plan = log.compaction_plan(log.next_offset())?;
+    log.finish_compaction(plan.rewrite(&mut |_, offset| offset == 4, 0))?;
+    let segments = log.segments();
+    assert_eq!((segments.len(), segments[0].size_bytes, log.start_offset()), (2, 0, 0), "{segments:?}");
+    assert_eq!(log.retention_cut(4000), 0, "the emptied segment waits for the record after it");
+    assert_eq!(log.retention_cut(8000), 5, "then both go");
+    Ok(())
+}

@@ -464,12 +464,17 @@ fn same_replicas(ids: &[ReplicaId], target: &[ReplicaRecord]) -> bool {
 /// Default `delete.retention.ms`: how long tombstones survive compaction (Kafka's default, one day).
 pub const DELETE_RETENTION_MS_DEFAULT: u64 = 86_400_000;
 
+/// Default `min.cleanable.dirty.ratio` (Kafka's): a compacted log is cleaned again once the
+/// bytes sealed since its last cleaning are half of its sealed bytes.
+pub const MIN_CLEANABLE_DIRTY_RATIO_DEFAULT: f64 = 0.5;
+
 /// How a topic's log is cleaned, from its config.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct CleanupPolicy {
     pub compact: bool,
     pub delete: bool,
     pub delete_retention_ms: u64,
+    pub min_cleanable_dirty_ratio: f64,
 }
 
 /// Tiered storage of a topic (`remote.storage.enable=true`); limits are `None` when unlimited.
@@ -491,7 +496,8 @@ impl TopicRecord {
         with_defaults(&self.config)
     }
 
-    /// `cleanup.policy` (default `compact`) and `delete.retention.ms`.
+    /// `cleanup.policy` (default `compact`), `delete.retention.ms` and
+    /// `min.cleanable.dirty.ratio`.
     pub fn cleanup_policy(&self) -> CleanupPolicy {
         let policy = self.config.get("cleanup.policy").map_or("compact", String::as_str);
         CleanupPolicy {
@@ -502,6 +508,11 @@ impl TopicRecord {
                 .get("delete.retention.ms")
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(DELETE_RETENTION_MS_DEFAULT),
+            min_cleanable_dirty_ratio: self
+                .config
+                .get("min.cleanable.dirty.ratio")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(MIN_CLEANABLE_DIRTY_RATIO_DEFAULT),
         }
     }
 

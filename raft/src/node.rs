@@ -2396,12 +2396,14 @@ struct Cleaned {
     oldest_tombstone_kept_ms: Option<i64>,
 }
 
-/// One compaction pass of a replica under the `compact` policy, when sealed data changed
-/// since the last pass (`last`) or a tombstone that pass kept is now past
-/// `delete.retention.ms` (as Kafka's cleaner does, KIP-534: an idle log still loses its
-/// expired tombstones). Returns what the pass found, or `None` when it did not run or
-/// examined nothing (a replica re-applying, or with nothing indexed yet), so the next pass
-/// tries again. (Retention is committed through Raft: `propose_retention`.)
+/// One compaction pass of a replica under the `compact` policy, when the bytes sealed since
+/// the last pass (`last`; every sealed byte before a node's first pass) are at least
+/// `min.cleanable.dirty.ratio` of all its sealed bytes, as Kafka's cleaner chooses a log, or
+/// when a tombstone that pass kept is now past `delete.retention.ms` (as Kafka's cleaner does,
+/// KIP-534: an idle log still loses its expired tombstones). Returns what the pass found, or
+/// `None` when it did not run or examined nothing (a replica re-applying, or with nothing
+/// indexed yet), so the next pass tries again. (Retention is committed through Raft:
+/// `propose_retention`.)
 fn clean(p: &Partition, policy: &crate::controller::CleanupPolicy, last: Option<Cleaned>) -> Result<Option<Cleaned>> {
     let now = crate::state_machine::now_ms();
     if !policy.compact {
@@ -2410,7 +2412,11 @@ fn clean(p: &Partition, policy: &crate::controller::CleanupPolicy, last: Option<
     let sealed = p.sealed_bytes();
     let horizon = now.saturating_sub(policy.delete_retention_ms) as i64;
     let tombstones_due = |c: &Cleaned| c.oldest_tombstone_kept_ms.is_some_and(|t| t < horizon);
-    if sealed == 0 || last.is_some_and(|c| c.sealed_bytes == sealed && !tombstones_due(&c)) {
+    let dirty_enough = |c: &Cleaned| {
+        let dirty = sealed.saturating_sub(c.sealed_bytes);
+        dirty > 0 && dirty as f64 >= policy.min_cleanable_dirty_ratio * sealed as f64
+    };
+    if sealed == 0 || last.is_some_and(|c| !dirty_enough(&c) && !tombstones_due(&c)) {
         return Ok(None);
     }
     let stats = p.compact(horizon)?;
@@ -2729,47 +2735,100 @@ mod tests {
         Ok(())
     }
 
-    /// An idle compacted log loses a tombstone once it is past `delete.retention.ms`: a pass
-    /// that kept it as too new runs again when it expires, though no sealed byte changed.
-    #[test]
-    fn an_expired_tombstone_is_cleaned_from_an_idle_log() -> std::result::Result<(), Box<dyn std::error::Error>> {
-        use logdex_index::Index;
-        use logdex_index::IndexConfig;
-        use logdex_log::Compression;
-        use logdex_log::LogConfig;
-        let root = tempfile::tempdir()?;
-        let index = Index::open(&root.path().join("index"), IndexConfig::default())?;
-        let config = LogConfig { segment_bytes: 1024, ..LogConfig::default() };
-        let (p, _) = Partition::open(3, 1 << 20, &root.path().join("partition"), config, index)?;
-        let now = crate::state_machine::now_ms() as i64;
-        let record = |i: u64, key: &str, value: Option<Vec<u8>>| logdex_log::Record {
-            timestamp_ms: now - 10_000 + i as i64,
-            key: Some(key.as_bytes().to_vec()),
-            value,
-            headers: Vec::new(),
-        };
-        // Offset 0 writes `gone`, offset 1 tombstones it, then filler seals both.
-        let mut records = vec![record(0, "gone", Some(b"v".to_vec())), record(1, "gone", None)];
-        records.extend((2..40).map(|i| record(i, &format!("fill{i}"), Some(vec![7; 100]))));
-        for (n, r) in records.iter().enumerate() {
-            let mut batches = [logdex_log::encode_batch(std::slice::from_ref(r), Compression::None)?];
-            let log_id = crate::wire::log_id_from_pb(&pb::LogId { term: 1, index: n as u64 + 1 });
+    type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+    /// A replica of a compacted log with 1 KiB segments, its index beside it.
+    fn compacted_replica(root: &std::path::Path) -> TestResult<Partition> {
+        let index = logdex_index::Index::open(&root.join("index"), logdex_index::IndexConfig::default())?;
+        let config = logdex_log::LogConfig { segment_bytes: 1024, ..logdex_log::LogConfig::default() };
+        Ok(Partition::open(3, 1 << 20, &root.join("partition"), config, index)?.0)
+    }
+
+    /// Applies `records` to `p`, one entry each, from offset `first`; `now - 10 s` is the
+    /// first record's time, one millisecond more for each next.
+    fn apply_each(p: &Partition, first: u64, records: &[(String, Option<Vec<u8>>)], now: i64) -> TestResult {
+        for (n, (key, value)) in records.iter().enumerate() {
+            let i = first + n as u64;
+            let record = logdex_log::Record {
+                timestamp_ms: now - 10_000 + i as i64,
+                key: Some(key.as_bytes().to_vec()),
+                value: value.clone(),
+                headers: Vec::new(),
+            };
+            let mut batches = [logdex_log::encode_batch(&[record], logdex_log::Compression::None)?];
+            let log_id = crate::wire::log_id_from_pb(&pb::LogId { term: 1, index: i + 1 });
             let applied = crate::partition::AppliedState { applied: Some(log_id), ..Default::default() };
             p.apply_batches(&mut batches, &applied, 0)?;
         }
-        let tombstone_at = |p: &Partition| -> std::result::Result<bool, Box<dyn std::error::Error>> {
+        Ok(())
+    }
+
+    fn filler(range: std::ops::Range<u64>) -> Vec<(String, Option<Vec<u8>>)> {
+        range.map(|i| (format!("fill{i}"), Some(vec![7; 100]))).collect()
+    }
+
+    fn compact_policy(delete_retention_ms: u64, min_cleanable_dirty_ratio: f64) -> crate::controller::CleanupPolicy {
+        crate::controller::CleanupPolicy {
+            compact: true,
+            delete: false,
+            delete_retention_ms,
+            min_cleanable_dirty_ratio,
+        }
+    }
+
+    /// An idle compacted log loses a tombstone once it is past `delete.retention.ms`: a pass
+    /// that kept it as too new runs again when it expires, though no sealed byte changed.
+    #[test]
+    fn an_expired_tombstone_is_cleaned_from_an_idle_log() -> TestResult {
+        let root = tempfile::tempdir()?;
+        let p = compacted_replica(root.path())?;
+        let now = crate::state_machine::now_ms() as i64;
+        // Offset 0 writes `gone`, offset 1 tombstones it, then filler seals both.
+        let mut records = vec![("gone".to_string(), Some(b"v".to_vec())), ("gone".to_string(), None)];
+        records.extend(filler(2..40));
+        apply_each(&p, 0, &records, now)?;
+        let tombstone_at = |p: &Partition| -> TestResult<bool> {
             Ok(p.read_records(0, 100, 1 << 20)?.iter().any(|(o, r)| *o == 1 && r.value.is_none()))
         };
-        let keep_a_minute =
-            crate::controller::CleanupPolicy { compact: true, delete: false, delete_retention_ms: 60_000 };
+        let keep_a_minute = compact_policy(60_000, 0.5);
         let first = clean(&p, &keep_a_minute, None)?.ok_or("the first pass examines the sealed segments")?;
         assert_eq!(first.oldest_tombstone_kept_ms, Some(now - 10_000 + 1), "the pass reports the tombstone it kept");
         assert!(tombstone_at(&p)?, "a tombstone newer than delete.retention.ms stays");
         assert_eq!(clean(&p, &keep_a_minute, Some(first))?, None, "nothing changed and nothing expired: no pass");
-        let keep_a_second = crate::controller::CleanupPolicy { delete_retention_ms: 1_000, ..keep_a_minute };
+        let keep_a_second = compact_policy(1_000, 0.5);
         let second = clean(&p, &keep_a_second, Some(first))?.ok_or("the expired tombstone brings a pass")?;
         assert_eq!(second.oldest_tombstone_kept_ms, None);
         assert!(!tombstone_at(&p)?, "the expired tombstone is gone");
+        Ok(())
+    }
+
+    /// After its first pass, a compacted log is cleaned again only once the bytes sealed since
+    /// are `min.cleanable.dirty.ratio` of its sealed bytes, as in Kafka.
+    #[test]
+    fn a_log_is_cleaned_again_once_its_dirty_share_reaches_min_cleanable_dirty_ratio() -> TestResult {
+        let root = tempfile::tempdir()?;
+        let p = compacted_replica(root.path())?;
+        let now = crate::state_machine::now_ms() as i64;
+        let mut records = vec![("k".to_string(), Some(b"v0".to_vec()))];
+        records.extend(filler(1..80));
+        apply_each(&p, 0, &records, now)?;
+        let first = clean(&p, &compact_policy(60_000, 0.9), None)?.ok_or("the first pass examines every segment")?;
+        // A new value of `k` and a little filler seal a segment: a small dirty share.
+        let mut records = vec![("k".to_string(), Some(b"v1".to_vec()))];
+        records.extend(filler(81..92));
+        apply_each(&p, 80, &records, now)?;
+        let sealed = p.sealed_bytes();
+        let dirty = sealed - first.sealed_bytes;
+        assert!(dirty > 0 && (dirty as f64) < 0.5 * sealed as f64, "dirty {dirty} of {sealed}");
+        let k_at_0 =
+            |p: &Partition| -> TestResult<bool> { Ok(p.read_records(0, 1, 1 << 20)?.iter().any(|(o, _)| *o == 0)) };
+        for ratio in [0.9, 0.5] {
+            assert_eq!(clean(&p, &compact_policy(60_000, ratio), Some(first))?, None, "ratio {ratio}: no pass");
+            assert!(k_at_0(&p)?, "ratio {ratio}: the superseded record stays");
+        }
+        let ratio = dirty as f64 / sealed as f64;
+        clean(&p, &compact_policy(60_000, ratio), Some(first))?.ok_or("a dirty share at the ratio brings a pass")?;
+        assert!(!k_at_0(&p)?, "the superseded record is gone");
         Ok(())
     }
 
