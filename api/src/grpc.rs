@@ -450,20 +450,24 @@ impl Logdex for Service {
         let auth = self.authorized(&request)?;
         let r = request.into_inner();
         let topic = topic_segment(&r.topic)?;
-        let records: Vec<Value> = r
-            .records
-            .iter()
-            .map(|rec| {
-                let headers: serde_json::Map<String, Value> =
-                    rec.headers.iter().map(|(k, v)| (k.clone(), Value::String(b64(v)))).collect();
-                json!({
-                    "key": rec.key.as_deref().map(b64),
-                    "value": rec.value.as_deref().map(b64),
-                    "headers": headers,
-                    "partition": rec.partition,
-                })
-            })
-            .collect();
+        let mut records = Vec::with_capacity(r.records.len());
+        for (n, rec) in r.records.iter().enumerate() {
+            let mut headers: serde_json::Map<String, Value> =
+                rec.headers.iter().map(|(k, v)| (k.clone(), Value::String(b64(v)))).collect();
+            for name in &rec.null_headers {
+                if headers.insert(name.clone(), Value::Null).is_some() {
+                    return Err(Status::invalid_argument(format!(
+                        "record {n}: header {name:?} is in both headers and null_headers"
+                    )));
+                }
+            }
+            records.push(json!({
+                "key": rec.key.as_deref().map(b64),
+                "value": rec.value.as_deref().map(b64),
+                "headers": headers,
+                "partition": rec.partition,
+            }));
+        }
         let body = serde_json::to_vec(&json!({ "records": records, "encoding": "base64" }))
             .map_err(|e| Status::internal(e.to_string()))?;
         let a = self.call("POST", with_forward(format!("/topics/{topic}/records"), r.forward), body, auth).await?;
@@ -513,8 +517,14 @@ impl Logdex for Service {
         let mut records = Vec::new();
         for rec in v["records"].as_array().into_iter().flatten() {
             let mut headers = std::collections::HashMap::new();
+            let mut null_headers = Vec::new();
             for (k, hv) in rec["headers"].as_object().into_iter().flatten() {
-                headers.insert(k.clone(), bytes_of(hv)?.unwrap_or_default());
+                match bytes_of(hv)? {
+                    Some(value) => {
+                        headers.insert(k.clone(), value);
+                    }
+                    None => null_headers.push(k.clone()),
+                }
             }
             records.push(pb::FetchedRecord {
                 offset: rec["offset"].as_u64().unwrap_or(0),
@@ -522,6 +532,7 @@ impl Logdex for Service {
                 key: bytes_of(&rec["key"])?,
                 value: bytes_of(&rec["value"])?,
                 headers,
+                null_headers,
             });
         }
         Ok(Response::new(pb::FetchResponse {

@@ -51,7 +51,8 @@ async fn grpc_put_get_delete_round_trip_with_binary_key() -> TestResult {
     Ok(())
 }
 
-/// Produce a batch with headers and a tombstone over gRPC, then fetch it back in order.
+/// Produce a batch with headers (one of them null) and a tombstone over gRPC, then fetch it
+/// back in order, as HTTP fetches it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_produce_then_fetch_returns_records_in_order() -> TestResult {
     let dir = tempfile::tempdir()?;
@@ -61,11 +62,19 @@ async fn grpc_produce_then_fetch_returns_records_in_order() -> TestResult {
         pb::Record {
             key: Some(b"a".to_vec()),
             value: Some(vec![1, 2, 3]),
-            headers: [("h".to_string(), b"x".to_vec())].into(),
+            headers: [("h".to_string(), b"x".to_vec()), ("e".to_string(), Vec::new())].into(),
             partition: Some(1),
+            null_headers: vec!["n".to_string()],
         },
-        pb::Record { key: Some(b"a".to_vec()), value: None, headers: Default::default(), partition: Some(1) },
+        pb::Record { key: Some(b"a".to_vec()), value: None, partition: Some(1), ..Default::default() },
     ];
+    let both = pb::Record { headers: [("n".to_string(), Vec::new())].into(), ..records[0].clone() };
+    let refused = client
+        .produce(pb::ProduceRequest { topic: "t".into(), records: vec![both], ..Default::default() })
+        .await
+        .err()
+        .ok_or("a header both null and not was taken")?;
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
     let produced =
         client.produce(pb::ProduceRequest { topic: "t".into(), records, ..Default::default() }).await?.into_inner();
     assert_eq!(produced.offsets.len(), 2);
@@ -77,6 +86,12 @@ async fn grpc_produce_then_fetch_returns_records_in_order() -> TestResult {
     assert_eq!(fetched.records.len(), 2);
     assert_eq!(fetched.records[0].value.as_deref(), Some(&[1u8, 2, 3][..]));
     assert_eq!(fetched.records[0].headers.get("h").map(Vec::as_slice), Some(&b"x"[..]));
+    assert_eq!(fetched.records[0].headers.get("e").map(Vec::as_slice), Some(&b""[..]), "empty, not null");
+    assert_eq!(fetched.records[0].null_headers, ["n"]);
+    assert!(!fetched.records[0].headers.contains_key("n"));
+    let url = format!("http://{}/topics/t/partitions/1/records?offset=0", node.http_addr);
+    let http: serde_json::Value = reqwest::get(&url).await?.json().await?;
+    assert_eq!(http["records"][0]["headers"], serde_json::json!({"h": "x", "e": "", "n": null}), "{http}");
     assert_eq!(fetched.records[1].value, None);
     assert_eq!(fetched.next_offset, 2);
     assert_eq!(fetched.high_watermark, 2);
