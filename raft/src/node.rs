@@ -590,9 +590,10 @@ impl Node {
         let mut stop = self.inner.stop.subscribe();
         let mut refusals = 0;
         for attempt in 0u64.. {
-            // A cluster that predates cluster ids gets one from this registration.
+            // A cluster that predates cluster ids gets one from this registration (a few
+            // tries: a controller leader of an older version drops the proposal).
             let state = self.cluster();
-            let registered = state.cluster_id != 0
+            let registered = (state.cluster_id != 0 || attempt >= CLUSTER_NAMING_ATTEMPTS)
                 && state
                     .nodes
                     .get(&config.node_id)
@@ -2179,6 +2180,9 @@ fn produce_error(group: GroupId, node: NodeId, status: tonic::Status, connect_fa
         _ => Error::remote_unavailable(status.message()),
     }
 }
+
+/// Registrations a node sends, though registered, while its cluster has no id yet.
+const CLUSTER_NAMING_ATTEMPTS: u64 = 4;
 
 /// Registration attempts in a row that a peer refuses (its token, its TLS certificate, or its
 /// cluster) before the node stops with the reason; every 500 ms.
