@@ -62,6 +62,10 @@ pub struct Hop {
 /// A read that a node can serve takes milliseconds; those that wait by design wait less: a
 /// `min_offset` read about a second, a follower's read index at most 2 s.
 pub const FORWARDED_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a read forwarded to the replicas of a group takes at most in all, however many
+/// it tries: as long as a replica asked directly waits for a leader (8 s with the default
+/// timeouts, as a write does: [`LEADER_WAIT`]), and a second for the hops.
+pub const FORWARDED_READ_BUDGET: Duration = LEADER_WAIT.saturating_add(Duration::from_secs(1));
 
 impl Router {
     /// Forwarded requests go over HTTPS trusting only the cluster's CA when `tls` is given.
@@ -191,7 +195,8 @@ impl Router {
     ///
     /// A target that has not answered within [`FORWARDED_READ_TIMEOUT`] is given up too (a
     /// paused or hung node takes the connection and never answers), and the read goes to the
-    /// next one; 504 when none answered.
+    /// next one, within [`FORWARDED_READ_BUDGET`] in all; when none answered, 503 with
+    /// Retry-After, as a replica that waited as long for a leader answers.
     pub async fn redirect_read(
         &self,
         group: GroupId,
@@ -203,13 +208,18 @@ impl Router {
         let mut outcome = Err(ApiError::Unavailable("the partition has no replicas".into()));
         // What each target given up said, for the answer when none answers.
         let mut given_up: Vec<String> = Vec::new();
+        let deadline = tokio::time::Instant::now() + FORWARDED_READ_BUDGET;
         for &target in targets {
+            let limit = FORWARDED_READ_TIMEOUT.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            if limit.is_zero() {
+                break;
+            }
             let read = self.redirect(target, hop, Method::GET, path_and_query, headers, bytes::Bytes::new());
-            outcome = match tokio::time::timeout(FORWARDED_READ_TIMEOUT, read).await {
+            outcome = match tokio::time::timeout(limit, read).await {
                 Ok(outcome) => outcome,
-                Err(_) => Err(ApiError::Timeout(format!(
-                    "node {target} did not answer a forwarded read within {FORWARDED_READ_TIMEOUT:?}"
-                ))),
+                Err(_) => {
+                    Err(ApiError::Timeout(format!("node {target} did not answer a forwarded read within {limit:?}")))
+                }
             };
             match &outcome {
                 Err(ApiError::NodeUnreachable(m) | ApiError::Timeout(m)) => {
@@ -220,9 +230,14 @@ impl Router {
                 _ => return outcome,
             }
         }
-        // Every target was given up: the answer names them all, not only the last.
+        // Every target was given up: the answer names them all, not only the last. Targets that
+        // took the read and never answered are replicas waiting for a leader, or paused: as a
+        // replica answers once it waited as long for a leader, 503 (not a gateway's 504).
         match outcome {
-            Err(ApiError::Timeout(_)) if given_up.len() > 1 => Err(ApiError::Timeout(given_up.join("; "))),
+            Err(ApiError::Timeout(_)) => Err(ApiError::Unavailable(format!(
+                "no replica answered the read in time (the partition may have no leader): {}",
+                given_up.join("; ")
+            ))),
             Err(ApiError::NodeUnreachable(_)) if given_up.len() > 1 => {
                 Err(ApiError::NodeUnreachable(given_up.join("; ")))
             }

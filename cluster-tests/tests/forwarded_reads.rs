@@ -1,0 +1,58 @@
+//! A read sent to a node that hosts no replica of its partition, while no replica can serve
+//! it (every one paused, so none answers and none can elect a leader), answers as a replica
+//! asked directly does: 503 `unavailable` with Retry-After, within about as long as a replica
+//! waits for a leader, naming each replica it tried. (It used to answer 504 after trying every
+//! replica for 5 s each.)
+
+use std::time::Duration;
+use std::time::Instant;
+
+use logdex_cluster_tests::Cluster;
+use logdex_cluster_tests::Read;
+use logdex_cluster_tests::Reply;
+use logdex_cluster_tests::Result;
+use logdex_cluster_tests::TopicSpec;
+use logdex_cluster_tests::ensure;
+use logdex_cluster_tests::ensure_eq;
+
+/// How long a read through a node without a replica may take: the forwarded read's budget
+/// (9 s: a replica's wait for a leader and a second), and a little for this machine.
+const ANSWER_WITHIN: Duration = Duration::from_secs(12);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_through_a_node_without_a_replica_answers_503_when_no_replica_can_serve() -> Result<()> {
+    let cluster = Cluster::start(3).await?;
+    let outcome = async {
+        let api = cluster.api();
+        api.create_topic(&cluster.url(1), &TopicSpec::compacted("two", 1, 2)).await?.expect_status(201)?;
+        let described = cluster.wait_for_leaders("two", Duration::from_secs(20)).await?;
+        let replicas = described.partitions[0].replicas.clone();
+        let outsider = (1..=3).find(|id| !replicas.contains(id)).unwrap_or(3);
+        api.put(&cluster.url(outsider), "two", b"k", b"v").await?.expect_status(200)?;
+        for id in &replicas {
+            cluster.pause(*id)?;
+        }
+        let url = cluster.url(outsider);
+        let started = Instant::now();
+        let lookup = api.get(&url, "two", b"k", &Read::linearizable()).await?;
+        check_unavailable("lookup", &lookup, started.elapsed(), &replicas)?;
+        let started = Instant::now();
+        let fetch = api.fetch(&url, "two", 0, 0, 10).await?;
+        check_unavailable("fetch", &fetch, started.elapsed(), &replicas)?;
+        cluster.resume_all()?;
+        Ok(())
+    }
+    .await;
+    let _ = cluster.resume_all();
+    cluster.finish(outcome)
+}
+
+/// `reply` is a 503 with Retry-After, taken within [`ANSWER_WITHIN`], naming a replica tried.
+fn check_unavailable(what: &str, reply: &Reply, took: Duration, replicas: &[u64]) -> Result<()> {
+    ensure_eq!(reply.status, 503, "{what} through the node without a replica: {}", reply.summary());
+    ensure!(reply.header("retry-after").is_some(), "{what}: 503 with Retry-After: {}", reply.summary());
+    ensure!(took <= ANSWER_WITHIN, "{what} took {took:?}");
+    let text = reply.text();
+    ensure!(replicas.iter().any(|id| text.contains(&format!("node {id}"))), "{what} names a replica it tried: {text}");
+    Ok(())
+}
