@@ -188,7 +188,7 @@ fn topic_config_help(example: &str) -> String {
         "Topic config as key=value, repeatable (e.g. {example}). Keys, as Kafka names them:\n\
          cleanup.policy: compact (the default), delete, or compact,delete\n\
          retention.ms, retention.bytes: -1 (no limit, the default) or more\n\
-         segment.bytes: 14 to 2147483647 (segments roll at 1 KiB at the least)\n\
+         segment.bytes: 14 to 2147483647 (default 134217728; segments roll at 1 KiB at the least)\n\
          segment.ms: at least 1\n\
          delete.retention.ms: how long tombstones and removed keys' 410s stay (default 86400000)\n\
          min.cleanable.dirty.ratio: 0 to 1 (default 0.5)\n\

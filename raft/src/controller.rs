@@ -238,7 +238,7 @@ impl ClusterState {
         if let Some(existing) = self.topics.get(&c.name) {
             let same = existing.partitions.len() as u32 == c.partitions
                 && existing.replication_factor == c.replication_factor
-                && with_defaults(&numbers_spelt_plainly(existing.config.clone())) == with_defaults(&config);
+                && comparable(&existing.config) == comparable(&config);
             return if same {
                 result("exists", format!("topic {} exists with the same settings", c.name))
             } else {
@@ -573,13 +573,44 @@ fn with_defaults(config: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
     c
 }
 
-/// `config` with whole numbers in their plain spelling (`+1024` and `01024` are `1024`), as
-/// Kafka keeps them once parsed. A create compares configs so spelt: a topic created before
-/// numbers were kept so may hold another spelling.
+/// Defaults that describe does not show but a create may spell out and still name the same
+/// topic, beside those of [`with_defaults`].
+fn implied_defaults() -> [(&'static str, String); 8] {
+    [
+        ("segment.bytes", logdex_log::LogConfig::default().segment_bytes.to_string()),
+        ("delete.retention.ms", DELETE_RETENTION_MS_DEFAULT.to_string()),
+        ("min.cleanable.dirty.ratio", MIN_CLEANABLE_DIRTY_RATIO_DEFAULT.to_string()),
+        ("retention.ms", "-1".into()),
+        ("retention.bytes", "-1".into()),
+        ("remote.storage.enable", "false".into()),
+        ("local.retention.ms", "-2".into()),
+        ("local.retention.bytes", "-2".into()),
+    ]
+}
+
+/// `config` as a create compares it: every default filled in, numbers spelt plainly.
+fn comparable(config: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let mut c: BTreeMap<String, String> =
+        with_defaults(config).into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    for (key, value) in implied_defaults() {
+        c.entry(key.to_string()).or_insert(value);
+    }
+    numbers_spelt_plainly(c)
+}
+
+/// `config` with numbers in their plain spelling (`+1024` and `01024` are `1024`, a
+/// `min.cleanable.dirty.ratio` of `0.50` is `0.5`), as Kafka keeps them once parsed. A create
+/// compares configs so spelt: a topic created before numbers were kept so may hold another
+/// spelling.
 fn numbers_spelt_plainly(mut config: BTreeMap<String, String>) -> BTreeMap<String, String> {
-    for value in config.values_mut() {
+    for (key, value) in config.iter_mut() {
         if let Ok(n) = value.parse::<i64>() {
             *value = n.to_string();
+        } else if key == "min.cleanable.dirty.ratio"
+            && let Ok(ratio) = value.parse::<f64>()
+            && ratio.is_finite()
+        {
+            *value = ratio.to_string();
         }
     }
     config
@@ -950,9 +981,30 @@ mod tests {
         let mut state = ClusterState::fresh();
         register(&mut state, 1);
         assert_eq!(create(&mut state, "t", 1, 1).status, "created");
-        let defaults = [("cleanup.policy", "compact"), ("kv.index.enabled", "true")];
+        let defaults = [
+            ("cleanup.policy", "compact"),
+            ("kv.index.enabled", "true"),
+            ("delete.retention.ms", "86400000"),
+            ("segment.bytes", "134217728"),
+            ("min.cleanable.dirty.ratio", "0.50"),
+            ("retention.ms", "-1"),
+            ("retention.bytes", "-1"),
+            ("remote.storage.enable", "false"),
+            ("local.retention.ms", "-2"),
+            ("local.retention.bytes", "-2"),
+        ];
+        for default in defaults {
+            assert_eq!(state.apply(&create_t_with(&[default])).status, "exists", "{default:?}");
+        }
         assert_eq!(state.apply(&create_t_with(&defaults)).status, "exists");
         assert_eq!(state.apply(&create_t_with(&[("cleanup.policy", "delete")])).status, "conflict");
+        assert_eq!(state.apply(&create_t_with(&[("min.cleanable.dirty.ratio", "0.51")])).status, "conflict");
+        // And the other way round: a topic created spelling out a default.
+        let mut state = ClusterState::fresh();
+        register(&mut state, 1);
+        assert_eq!(state.apply(&create_t_with(&[("min.cleanable.dirty.ratio", "0.5")])).status, "created");
+        assert_eq!(create(&mut state, "t", 1, 1).status, "exists");
+        assert_eq!(state.apply(&create_t_with(&[("min.cleanable.dirty.ratio", ".5")])).status, "exists");
     }
 
     #[test]
