@@ -580,6 +580,7 @@ fn now_ms() -> i64 {
 /// answered 421 when forwarding is off. Returns the offset of the first record.
 async fn produce_to(
     s: &AppState,
+    topic: &str,
     record: &PartitionRecord,
     records: Vec<Record>,
     hop: Hop,
@@ -624,6 +625,16 @@ async fn produce_to(
             }
             Err(logdex_raft::Error::Unavailable(m)) if m == "no leader known" => {}
             Err(e) => return Err(e.into()),
+        }
+        // Nothing was written. The topic may have been deleted (or made again, with other
+        // groups) while the write waited: then no leader will come.
+        let exists = node
+            .cluster()
+            .topics
+            .get(topic)
+            .is_some_and(|t| t.partitions.iter().any(|p| p.group_id == record.group_id));
+        if !exists {
+            return Err(ApiError::TopicNotFound(topic.to_string()));
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(ApiError::Unavailable(format!("partition {} has no reachable leader", record.partition)));
@@ -686,7 +697,7 @@ pub(crate) async fn write_one(
     }
     let p = partition_of(&w.topic, w.partition, &w.key)?;
     let record = Record { timestamp_ms: now_ms(), key: Some(w.key), value: w.value, headers: Vec::new() };
-    let offset = produce_to(s, p, vec![record], w.hop, &uri()?).await?;
+    let offset = produce_to(s, &w.topic.name, p, vec![record], w.hop, &uri()?).await?;
     Ok((p.partition, offset))
 }
 
@@ -856,8 +867,8 @@ async fn produce_records(
     let mut offsets = vec![Value::Null; total];
     // The partitions' batches are independent Raft entries: they commit side by side.
     let writes = per_partition.into_iter().map(|(partition, (positions, records))| {
-        let (s, record, uri) = (&s, &t.partitions[partition as usize], &uri);
-        async move { produce_to(s, record, records, hop, uri).await.map(|base| (partition, positions, base)) }
+        let (s, name, record, uri) = (&s, &t.name, &t.partitions[partition as usize], &uri);
+        async move { produce_to(s, name, record, records, hop, uri).await.map(|base| (partition, positions, base)) }
     });
     for written in futures::future::join_all(writes).await {
         let (partition, positions, base) = written?;
@@ -1068,10 +1079,11 @@ pub(crate) async fn lookup(s: &AppState, r: LookupRequest<'_>) -> Result<Lookup,
         // A move took this replica off the node while the read waited on it: a replica in
         // the current assignment answers.
         Err(e) if s.router.node.group(p.group_id).is_none_or(|now| !Arc::ptr_eq(&now, &hosted)) => {
-            let current = s.router.node.cluster().topics.get(&r.topic.name).cloned();
-            let Some(record) = current.as_ref().and_then(|t| t.partitions.get(p.partition as usize)) else {
-                return Err(e.into());
+            let Some(current) = s.router.node.cluster().topics.get(&r.topic.name).cloned() else {
+                // The topic was deleted while the read waited.
+                return Err(ApiError::TopicNotFound(r.topic.name.clone()));
             };
+            let Some(record) = current.partitions.get(p.partition as usize) else { return Err(e.into()) };
             let me = s.router.node.node_id();
             let targets: Vec<u64> = s.router.read_targets(record).await.into_iter().filter(|t| *t != me).collect();
             if targets.is_empty() {

@@ -1841,6 +1841,11 @@ impl Node {
         }
     }
 
+    /// Whether `hosted` is still this node's replica of its group.
+    fn still_hosts(&self, hosted: &HostedGroup) -> bool {
+        self.group(hosted.group_id).is_some_and(|now| now.replica_id == hosted.replica_id)
+    }
+
     /// Waits until this replica may serve a read in `mode`; returns its high watermark then.
     pub async fn read_barrier(&self, hosted: &HostedGroup, mode: ReadMode) -> Result<()> {
         if mode == ReadMode::Follower || cfg!(feature = "mutant-local-linearizable") {
@@ -1858,7 +1863,11 @@ impl Node {
                 Ok(index) => break index,
                 // Leadership moved under the read (a transfer, a leader a move removes, an
                 // election): the leader there is now answers, within the same bound.
-                Err(Error::NotLeader { .. } | Error::Unavailable(_)) if tokio::time::Instant::now() < deadline => {
+                // Unless the replica left this node meanwhile (a move, a topic deletion):
+                // the caller finds where the read goes now.
+                Err(Error::NotLeader { .. } | Error::Unavailable(_))
+                    if tokio::time::Instant::now() < deadline && self.still_hosts(hosted) =>
+                {
                     tokio::time::sleep(LEADER_POLL).await;
                 }
                 Err(e) => return Err(e),

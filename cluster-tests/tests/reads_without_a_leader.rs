@@ -1,13 +1,19 @@
+//! Reads of a partition that has no leader.
+//!
 //! A read sent to a node that hosts no replica of its partition, while no replica can serve
 //! it (every one paused, so none answers and none can elect a leader), answers as a replica
 //! asked directly does: 503 `unavailable` with Retry-After, within about as long as a replica
 //! waits for a leader, naming each replica it tried. (It used to answer 504 after trying every
 //! replica for 5 s each.)
+//!
+//! A read waiting for a leader when its topic is deleted answers 404 `topic_not_found` once
+//! its node applied the deletion, not 503 once its wait for a leader ran out.
 
 use std::time::Duration;
 use std::time::Instant;
 
 use logdex_cluster_tests::Cluster;
+use logdex_cluster_tests::Error;
 use logdex_cluster_tests::Read;
 use logdex_cluster_tests::Reply;
 use logdex_cluster_tests::Result;
@@ -55,4 +61,38 @@ fn check_unavailable(what: &str, reply: &Reply, took: Duration, replicas: &[u64]
     let text = reply.text();
     ensure!(replicas.iter().any(|id| text.contains(&format!("node {id}"))), "{what} names a replica it tried: {text}");
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_waiting_for_a_leader_when_its_topic_is_deleted_answers_topic_not_found() -> Result<()> {
+    let cluster = Cluster::start(3).await?;
+    let outcome = async {
+        let api = cluster.api().clone();
+        api.create_topic(&cluster.url(1), &TopicSpec::compacted("gone", 1, 2)).await?.expect_status(201)?;
+        let described = cluster.wait_for_leaders("gone", Duration::from_secs(20)).await?;
+        let partition = &described.partitions[0];
+        let leader = partition.leader.ok_or_else(|| Error::Check("no leader".into()))?;
+        let follower = partition.replicas.iter().copied().find(|id| *id != leader).unwrap_or(leader);
+        let outsider = (1..=3).find(|id| !partition.replicas.contains(id)).unwrap_or(3);
+        api.put(&cluster.url(leader), "gone", b"k", b"v").await?.expect_status(200)?;
+        // One replica of two left: no leader until the topic goes.
+        cluster.pause(leader)?;
+        let url = cluster.url(follower);
+        let waiting = tokio::spawn({
+            let api = api.clone();
+            async move { api.get(&url, "gone", b"k", &Read::linearizable()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let deleted =
+            api.request(reqwest::Method::DELETE, &format!("{}/topics/gone", cluster.url(outsider)), None).await?;
+        ensure!(deleted.status == 200 || deleted.status == 204, "delete: {}", deleted.summary());
+        let reply = waiting.await.map_err(|e| Error::Check(format!("the read task failed: {e}")))??;
+        ensure_eq!(reply.status, 404, "the waiting read: {}", reply.summary());
+        ensure_eq!(reply.error_code().as_deref(), Some("topic_not_found"), "{}", reply.summary());
+        cluster.resume_all()?;
+        Ok(())
+    }
+    .await;
+    let _ = cluster.resume_all();
+    cluster.finish(outcome)
 }
