@@ -189,6 +189,69 @@ async fn idle_topic_scenario(cluster: &Cluster) -> Result<()> {
     }
 }
 
+/// A removed key answers 410 for `delete.retention.ms` after the trim that removed it, then
+/// 404, by the time the trim carries: a partition leader elected meanwhile does not time it
+/// again from its election (it used to, and a leader change stretched the 410s by as long as
+/// the trim had already waited).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_change_does_not_stretch_how_long_a_removed_key_answers_410() -> Result<()> {
+    let options = ClusterOptions { cleaner_interval_ms: Some(1000), ..ClusterOptions::plain(3) };
+    let mut cluster = Cluster::start_with(options).await?;
+    let outcome = leader_change_scenario(&mut cluster).await;
+    cluster.finish(outcome)
+}
+
+/// `delete.retention.ms` of that test; the leader is killed this long after the trim, and the
+/// 404 may come this late past the grace (cleaner passes, an election, a slow machine).
+const GRACE: Duration = Duration::from_secs(20);
+const KILLED_AFTER: Duration = Duration::from_secs(10);
+const FORGET_SLACK: Duration = Duration::from_secs(6);
+
+async fn leader_change_scenario(cluster: &mut Cluster) -> Result<()> {
+    let api = cluster.api().clone();
+    let mut spec = TopicSpec::compacted(TOPIC, 1, 3);
+    spec.config.insert("cleanup.policy".into(), Value::from("delete"));
+    spec.config.insert("retention.ms".into(), Value::from("2000"));
+    spec.config.insert("segment.bytes".into(), Value::from("1024"));
+    spec.config.insert("delete.retention.ms".into(), Value::from(GRACE.as_millis().to_string()));
+    api.create_topic(&cluster.url(1), &spec).await?.expect_status(201)?;
+    cluster.wait_for_leaders(TOPIC, Duration::from_secs(20)).await?;
+    for k in 0..OLD_KEYS {
+        api.put(&cluster.url(1), TOPIC, format!("o-{k}").as_bytes(), b"v").await?.expect_status(200)?;
+    }
+    // The trim happened before o-0 first answers 410.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply = api.get(&cluster.url(1), TOPIC, b"o-0", &Read::linearizable()).await?;
+        if reply.status == 410 {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "o-0 never went past retention: {}", reply.summary());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let trimmed_by = Instant::now();
+    tokio::time::sleep(KILLED_AFTER).await;
+    let leader = cluster.describe(TOPIC).await?.partitions[0].leader.unwrap_or(1);
+    cluster.kill(leader)?;
+    cluster.restart(leader).await?;
+    let other = (1..=3).find(|id| *id != leader).unwrap_or(1);
+    loop {
+        let reply = api.get(&cluster.url(other), TOPIC, b"o-0", &Read::linearizable()).await?;
+        match reply.status {
+            404 => break,
+            410 | 503 => {}
+            _ => ensure!(false, "o-0 during the grace: {}", reply.summary()),
+        }
+        ensure!(
+            trimmed_by.elapsed() < GRACE + FORGET_SLACK,
+            "o-0 still answers 410 {:?} after its trim (grace {GRACE:?}, leader {leader} killed {KILLED_AFTER:?} in)",
+            trimmed_by.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
 /// The base offsets of every segment file (`{base_offset:020}.log`) under `dir`, snapshots
 /// included.
 fn segment_bases(dir: &std::path::Path) -> Result<Vec<u64>> {

@@ -120,7 +120,7 @@ async fn main() -> BenchResult {
     for s in &segments {
         let (r, copy) = tiered.tier_cache().copy_local(s, "bench", 0, 3)?;
         store.put_file(&r.object, copy, r.size_bytes).await?;
-        tiered.apply_tier(&pb::TierCommand { kind: Some(pb::tier_command::Kind::Add(r.to_pb())) }, 1)?;
+        tiered.apply_tier(&pb::TierCommand { kind: Some(pb::tier_command::Kind::Add(r.to_pb())), at_ms: 0 }, 1)?;
         remote.push(r);
     }
     let copy = started.elapsed();

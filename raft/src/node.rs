@@ -1107,11 +1107,12 @@ impl Node {
                 }
                 if g.raft.is_leader() {
                     let grace = Duration::from_millis(policy.delete_retention_ms);
-                    let due = trims.entry(g.group_id).or_default().due(
-                        &g.partition.tier_manifest(),
-                        std::time::Instant::now(),
-                        grace,
-                    );
+                    let manifest = g.partition.tier_manifest();
+                    // Trims with their time in the manifest are forgotten a grace after it,
+                    // whichever replica led then; others a grace after this leader saw them.
+                    let timed = manifest.forget_due(crate::state_machine::now_ms(), policy.delete_retention_ms);
+                    let seen = trims.entry(g.group_id).or_default().due(&manifest, std::time::Instant::now(), grace);
+                    let due = timed.max(seen);
                     if let Some(to) = due
                         && let Err(e) = self.tier_write(&g, pb::tier_command::Kind::ForgetTo(to)).await
                     {
@@ -1327,7 +1328,9 @@ impl Node {
     }
 
     async fn tier_write(&self, g: &HostedGroup, kind: pb::tier_command::Kind) -> Result<()> {
-        let command = pb::Command { kind: Some(pb::command::Kind::Tier(pb::TierCommand { kind: Some(kind) })) };
+        // A trim carries the time it was proposed at, so that any later leader times its keys.
+        let at_ms = if matches!(kind, pb::tier_command::Kind::TrimTo(_)) { crate::state_machine::now_ms() } else { 0 };
+        let command = pb::Command { kind: Some(pb::command::Kind::Tier(pb::TierCommand { kind: Some(kind), at_ms })) };
         match tokio::time::timeout(OPERATION_TIMEOUT, g.raft.client_write(command)).await {
             Err(_) => Err(Error::Timeout("tiered storage command waiting for commit".into())),
             Ok(Ok(_)) => Ok(()),
@@ -2365,9 +2368,10 @@ fn leader_of(raft: &Raft) -> Option<(NodeId, ReplicaId)> {
 /// Trims of a group its leader saw, and when it first saw each: a removed key answers
 /// "removed by retention" (410) for `delete.retention.ms` after its trim, and then the
 /// leader commits a forget up to that trim (`TierCommand` `forget_to`) and it answers "not
-/// found", on every replica alike. Kept in memory by the leader only: a new leader (or one
-/// restarted) times the trims from when it first sees them, so a removed key answers 410
-/// longer, never shorter.
+/// found", on every replica alike. Trims carry their leader's wall-clock time, which the
+/// manifest keeps (`Manifest::forget_due`); this in-memory timing is for trims without one
+/// (from a node that predates the field): a new leader (or one restarted) times those from
+/// when it first sees them, so such a removed key answers 410 longer, never shorter.
 #[derive(Debug, Default)]
 struct Trims {
     /// (trim offset, first seen), oldest first, offsets increasing.

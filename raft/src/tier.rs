@@ -135,11 +135,35 @@ pub struct Manifest {
     /// compactions drop the entries below the watermark.
     #[serde(default)]
     pub forgotten_to: Offset,
+    /// The trims not forgotten yet, with their leaders' wall-clock times (`TierCommand`
+    /// `at_ms`), oldest first, at most [`TIMED_TRIMS_MAX`]: any leader forgets a trim's keys
+    /// `delete.retention.ms` after its time. A trim without a time (from a node that predates
+    /// them) is not listed; the leader times it from when it sees it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timed_trims: Vec<TimedTrim>,
 }
+
+/// A trim (`trimmed_to` then) and its leader's wall-clock time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimedTrim {
+    pub to: Offset,
+    pub at_ms: u64,
+}
+
+/// Trims a manifest times at most; a later one takes the place of the newest (whose keys are
+/// then forgotten as late as the later one's, never sooner).
+pub const TIMED_TRIMS_MAX: usize = 64;
 
 impl Default for Manifest {
     fn default() -> Manifest {
-        Manifest { version: MANIFEST_VERSION, segments: Vec::new(), trimmed_to: 0, trimmed_at: 0, forgotten_to: 0 }
+        Manifest {
+            version: MANIFEST_VERSION,
+            segments: Vec::new(),
+            trimmed_to: 0,
+            trimmed_at: 0,
+            forgotten_to: 0,
+            timed_trims: Vec::new(),
+        }
     }
 }
 
@@ -224,6 +248,18 @@ impl Manifest {
     /// Removes the segments ending at or before `to` and returns them; records the trim
     /// (`to`, and `log_index`, the Raft log index of its entry).
     pub fn trim(&mut self, to: Offset, log_index: u64) -> Vec<RemoteSegment> {
+        self.trim_at(to, log_index, 0)
+    }
+
+    /// [`Manifest::trim`], of a trim its leader proposed at `at_ms` (wall clock; 0: unknown).
+    pub fn trim_at(&mut self, to: Offset, log_index: u64, at_ms: u64) -> Vec<RemoteSegment> {
+        if at_ms > 0 && to > self.trimmed_to && to > self.forgotten_to {
+            let trim = TimedTrim { to, at_ms };
+            if self.timed_trims.len() >= TIMED_TRIMS_MAX {
+                self.timed_trims.pop();
+            }
+            self.timed_trims.push(trim);
+        }
         self.trimmed_to = self.trimmed_to.max(to);
         self.trimmed_at = self.trimmed_at.max(log_index);
         let keep = self.segments.partition_point(|s| s.next_offset <= to);
@@ -234,6 +270,14 @@ impl Manifest {
     /// trim it names cannot hide a record that is still readable).
     pub fn forget(&mut self, to: Offset) {
         self.forgotten_to = self.forgotten_to.max(to.min(self.trimmed_to));
+        let forgotten_to = self.forgotten_to;
+        self.timed_trims.retain(|t| t.to > forgotten_to);
+    }
+
+    /// The offset to forget up to at `now_ms` (wall clock) for a grace of `grace_ms`: the
+    /// newest timed trim at least that old, if any.
+    pub fn forget_due(&self, now_ms: u64, grace_ms: u64) -> Option<Offset> {
+        self.timed_trims.iter().take_while(|t| t.at_ms.saturating_add(grace_ms) <= now_ms).last().map(|t| t.to)
     }
 
     pub fn size_bytes(&self) -> u64 {
@@ -949,6 +993,34 @@ mod tests {
         assert!(!m.add(segment(25, 30)), "past retention: ends at the trim");
         assert!(m.add(segment(25, 31)), "reaches past the trim");
         assert_eq!(m.start_offset(), Some(25));
+    }
+
+    #[test]
+    fn timed_trims_are_forgotten_a_grace_after_their_time_and_dropped_once_forgotten() {
+        let mut m = Manifest::default();
+        m.trim_at(10, 1, 1_000);
+        m.trim_at(20, 2, 5_000);
+        m.trim_at(15, 3, 6_000);
+        m.trim(30, 4);
+        assert_eq!(m.timed_trims, [TimedTrim { to: 10, at_ms: 1_000 }, TimedTrim { to: 20, at_ms: 5_000 }]);
+        assert_eq!(m.forget_due(1_999, 1_000), None);
+        assert_eq!(m.forget_due(2_000, 1_000), Some(10));
+        assert_eq!(m.forget_due(9_000, 1_000), Some(20), "the newest due");
+        m.forget(10);
+        assert_eq!(m.timed_trims, [TimedTrim { to: 20, at_ms: 5_000 }]);
+        m.forget(25);
+        assert!(m.timed_trims.is_empty());
+        assert_eq!(m.forget_due(u64::MAX, 0), None);
+
+        // At the bound, a later trim takes the newest's place: forgotten later, never sooner.
+        let mut m = Manifest::default();
+        for i in 1..=TIMED_TRIMS_MAX as u64 + 1 {
+            m.trim_at(i * 10, i, i * 1_000);
+        }
+        assert_eq!(m.timed_trims.len(), TIMED_TRIMS_MAX);
+        let last = TIMED_TRIMS_MAX as u64 + 1;
+        assert_eq!(m.timed_trims.last(), Some(&TimedTrim { to: last * 10, at_ms: last * 1_000 }));
+        assert_eq!(m.forget_due((last - 1) * 1_000, 0), Some((last - 2) * 10));
     }
 
     #[test]

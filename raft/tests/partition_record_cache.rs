@@ -89,7 +89,7 @@ fn lookups_through_the_record_cache_follow_overwrites_tombstones_and_retention()
     // A trim past some keys' latest records: they are removed by retention, not found in the cache.
     // Every record but the newest (record 65, in the active segment) is past retention.
     let cut = cached.retention_cut(1_700_000_000_066)?.ok_or("sealed segments past retention")?;
-    let trim = pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(cut)) };
+    let trim = pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(cut)), at_ms: 0 };
     entry += 1;
     for p in [&cached, &plain] {
         p.apply_tier(&trim, entry)?;

@@ -76,7 +76,7 @@ fn a_committed_trim_leaves_replicas_with_other_segment_boundaries_answering_alik
     let b_bases = segment_bases(dir_b.path())?;
     assert!(!b_bases.contains(&cut), "the follower's segments {b_bases:?} straddle the leader's cut {cut}");
 
-    let trim = pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(cut)) };
+    let trim = pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(cut)), at_ms: 0 };
     for p in [&a, &b] {
         p.apply_tier(&trim, RECORDS + 1)?;
     }
@@ -118,7 +118,7 @@ fn a_replica_whose_index_is_behind_a_trim_that_emptied_its_log_opens_and_reappli
         p.apply_batches(&mut batch, &common::applied(i + 1), 0)?;
         Ok(())
     };
-    let trim = pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(20)) };
+    let trim = pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(20)), at_ms: 0 };
     let p = open(dir.path(), config.clone())?;
     for i in 0..10 {
         apply(&p, i)?;
@@ -195,7 +195,7 @@ fn removed_keys_answer_removed_on_every_replica_until_a_committed_forget_then_no
         }
     }
     let cut = 30;
-    let trim = pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(cut)) };
+    let trim = pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(cut)), at_ms: 0 };
     for p in [&a, &b] {
         p.apply_tier(&trim, RECORDS + 1)?;
     }
@@ -206,7 +206,7 @@ fn removed_keys_answer_removed_on_every_replica_until_a_committed_forget_then_no
     assert_eq!(read_all(&b)?, expected(cut, 0), "replica b after the trim and a full index compaction");
 
     // A forget names at most the last trim: one past it forgets up to the trim only.
-    let forget = |to| pb::TierCommand { kind: Some(pb::tier_command::Kind::ForgetTo(to)) };
+    let forget = |to| pb::TierCommand { kind: Some(pb::tier_command::Kind::ForgetTo(to)), at_ms: 0 };
     for p in [&a, &b] {
         p.apply_tier(&forget(20), RECORDS + 2)?;
     }
@@ -239,7 +239,10 @@ fn a_replica_installing_a_snapshot_answers_removed_keys_as_its_source_does() -> 
         a.apply_batches(&mut batch, &common::applied(i + 1), 0)?;
     }
     let cut = 30;
-    a.apply_tier(&pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(cut)) }, RECORDS + 1)?;
+    // The trim's time travels with the manifest, so the replica that installs it could lead
+    // and forget the removed keys on time.
+    a.apply_tier(&pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(cut)), at_ms: 12_345 }, RECORDS + 1)?;
+    let timed = [logdex_raft::tier::TimedTrim { to: cut, at_ms: 12_345 }];
     let snapshot = |name: &str| -> Result<std::path::PathBuf, Box<dyn std::error::Error>> {
         let staged = dir_a.path().join(name);
         std::fs::create_dir_all(&staged)?;
@@ -250,8 +253,9 @@ fn a_replica_installing_a_snapshot_answers_removed_keys_as_its_source_does() -> 
     c.install_snapshot(&snapshot("after-trim")?)?;
     assert_eq!(read_all(&c)?, expected(cut, 0), "installed after the trim");
     assert_eq!(read_all(&c)?, read_all(&a)?);
+    assert_eq!(c.tier_manifest().timed_trims, timed);
 
-    a.apply_tier(&pb::TierCommand { kind: Some(pb::tier_command::Kind::ForgetTo(20)) }, RECORDS + 2)?;
+    a.apply_tier(&pb::TierCommand { kind: Some(pb::tier_command::Kind::ForgetTo(20)), at_ms: 0 }, RECORDS + 2)?;
     let after_forget = snapshot("after-forget")?;
     c.install_snapshot(&after_forget)?;
     assert_eq!(read_all(&c)?, expected(cut, 20), "installed after a forget to 20");
@@ -259,6 +263,7 @@ fn a_replica_installing_a_snapshot_answers_removed_keys_as_its_source_does() -> 
     drop(c);
     let c = open(dir_c.path(), config)?;
     assert_eq!(read_all(&c)?, expected(cut, 20), "after a restart");
+    assert_eq!(c.tier_manifest().timed_trims, timed, "a forget below the trim keeps its time");
 
     let removed = after_forget.join("removed.keys");
     let mut bytes = std::fs::read(&removed)?;

@@ -60,7 +60,7 @@ async fn upload(
     for s in &candidates {
         let (remote, copy) = p.tier_cache().copy_local(s, "t", 0, 3)?;
         store.put_file(&remote.object, copy, remote.size_bytes).await?;
-        let add = pb::TierCommand { kind: Some(pb::tier_command::Kind::Add(remote.to_pb())) };
+        let add = pb::TierCommand { kind: Some(pb::tier_command::Kind::Add(remote.to_pb())), at_ms: 0 };
         for q in apply_to {
             q.apply_tier(&add, 1)?;
         }
@@ -153,7 +153,7 @@ async fn a_replica_reads_remote_segments_and_its_snapshot_rebuilds_a_complete_in
     // Retention trims remote segments: the start moves to the first one left, and reads
     // from 0 begin there.
     let trim_to = manifest.segments[1].next_offset;
-    c.apply_tier(&pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(trim_to)) }, 500)?;
+    c.apply_tier(&pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(trim_to)), at_ms: 0 }, 500)?;
     let start = c.tier_manifest().start_offset().ok_or("remote segments left")?;
     assert_eq!(c.log_start_offset(), start);
     let first = with_fetch(&c, || c.read_records(0, 1, 1 << 20)).await?;
@@ -210,7 +210,7 @@ async fn a_replica_reads_remote_segments_and_its_snapshot_rebuilds_a_complete_in
     let f = open(&root.path().join("f"), 1024, &store)?;
     apply_all(&f)?;
     let all = f.tier_candidates();
-    f.apply_tier(&pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(trim_to)) }, 9)?;
+    f.apply_tier(&pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(trim_to)), at_ms: 0 }, 9)?;
     let left = f.tier_candidates();
     assert!(left.len() < all.len() && !left.is_empty(), "{} of {} candidates left", left.len(), all.len());
     assert!(left.iter().all(|s| s.next_offset > trim_to));
