@@ -238,8 +238,16 @@ async fn membership_apply(cluster: &mut Cluster) -> Result<()> {
     let removed = (1..=NODES as u64).find(|n| *n != leader && *n != victim).unwrap_or(1);
     let target = vec![leader, victim, SPARE];
     eprintln!("partition 0: leader {leader}, victim {victim}, moving to {target:?} (off node {removed})");
-    // Node 4 joins (a controller membership change) before the victim is armed.
+    // Node 4 joins (a controller membership change) before the victim is armed, and the
+    // victim applied that change (its registration, which comes after it in the controller's
+    // log): else the victim, restarted armed, crashes applying the controller's change.
     cluster.start_spare(SPARE).await?;
+    let view = format!("{}/cluster", cluster.url(victim));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cluster.api().get_url(&view).await?.text().contains(&format!("\"node_id\":{SPARE}")) {
+        ensure!(Instant::now() < deadline, "node {victim} never saw node {SPARE} join");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     arm(cluster, victim, POINT, "panic");
     cluster.kill(victim)?;
     cluster.restart(victim).await?;
