@@ -204,3 +204,61 @@ async fn a_node_of_another_cluster_at_a_members_address_is_refused() -> Result<(
     .await;
     cluster.finish(outcome)
 }
+
+/// A node whose disk was lost, started again on an empty data directory under its old id and
+/// address, hears nothing from the cluster under that id: its peers' calls name the data
+/// directory its id was registered with, and it refuses them. So its empty logs never reach
+/// the leaders (openraft does not let a follower's log go back: a leader that saw it panicked,
+/// taking the controller down), it never learns the assignments that would have it start the
+/// lost replicas empty, and its registration is refused: it stops with the reason, and the
+/// others serve on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_on_an_empty_directory_under_its_old_id_touches_no_replica_and_stops() -> Result<()> {
+    let mut cluster = Cluster::start(3).await?;
+    let outcome = async {
+        let api = cluster.api().clone();
+        api.create_topic(&cluster.url(1), &TopicSpec::compacted("kept", 3, 3)).await?.expect_status(201)?;
+        cluster.wait_for_leaders("kept", SETTLE_TIMEOUT).await?;
+        for i in 0..30 {
+            let key = format!("k{i}");
+            api.put(&cluster.url(1), "kept", key.as_bytes(), b"v").await?.expect_status(200)?;
+        }
+        cluster.kill(3)?;
+        // Everything in the data directory goes, but the harness's log of the node.
+        let dir = cluster.data_dir(3).to_path_buf();
+        for entry in std::fs::read_dir(&dir).map_err(|e| Error::io(format!("listing {}", dir.display()), e))? {
+            let path = entry.map_err(|e| Error::io("listing the data directory", e))?.path();
+            let removed = if path.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else if path != cluster.log_path(3) {
+                std::fs::remove_file(&path)
+            } else {
+                Ok(())
+            };
+            removed.map_err(|e| Error::io(format!("removing {}", path.display()), e))?;
+        }
+        cluster.launch_stopped(3)?;
+        let status = cluster.wait_exited(3, EXIT_TIMEOUT).await?;
+        let log = cluster.launch_log(3)?;
+        ensure_eq!(status.code(), Some(1), "exit status of the emptied node 3:\n{log}");
+        ensure!(
+            log.contains("registration refused") && log.contains("another data directory"),
+            "node 3 says why it stopped:\n{log}"
+        );
+        ensure!(!log.contains("partition replica started"), "node 3 started the lost replicas empty:\n{log}");
+        for id in [1, 2] {
+            cluster.check_alive(id)?;
+            let peer_log = cluster.launch_log(id)?;
+            ensure!(!peer_log.contains("log reversion"), "node {id} saw node 3's log go back:\n{peer_log}");
+        }
+        for i in 0..30 {
+            let key = format!("k{i}");
+            let read = api.get(&cluster.url(2), "kept", key.as_bytes(), &Read::linearizable()).await?;
+            ensure_eq!(read.status, 200, "{key} on node 2: {}", read.summary());
+            api.put(&cluster.url(1), "kept", key.as_bytes(), b"w").await?.expect_status(200)?;
+        }
+        Ok(())
+    }
+    .await;
+    cluster.finish(outcome)
+}

@@ -115,24 +115,49 @@ async fn send_snapshot_files(
 /// empty directory at a member's address forms a cluster of its own, and its groups (whose
 /// ids restart at 1) would otherwise take the other cluster's votes, entries and status
 /// calls for their own.
+///
+/// It also holds the data-directory incarnation the cluster registered for each node's RPC
+/// address (`NodeRecord::incarnation`): a call names the one it expects of the node it calls
+/// ([`TARGET_INCARNATION_HEADER`]), and a node whose own differs refuses it. A node restarted
+/// on an empty directory under a member's id (its disk was lost) then hears nothing from the
+/// cluster under that id: its empty logs never reach the leaders, which openraft does not let
+/// a follower's log go back on (a leader that saw it panicked), and it never learns the
+/// assignments that would have it start the lost replicas empty; its registration is refused
+/// and it stops.
 #[derive(Clone, Default)]
-pub struct ClusterIdentity(Arc<std::sync::atomic::AtomicU64>);
+pub struct ClusterIdentity {
+    id: Arc<std::sync::atomic::AtomicU64>,
+    incarnations: Arc<std::sync::RwLock<HashMap<String, u64>>>,
+}
 
 /// The metadata key of a call's cluster id: 16 lowercase hex digits.
 pub const CLUSTER_ID_HEADER: &str = "x-logdex-cluster";
+/// The metadata key of the incarnation a call expects of the node it calls: 16 hex digits.
+pub const TARGET_INCARNATION_HEADER: &str = "x-logdex-target-incarnation";
 
 impl ClusterIdentity {
     /// The id, once known.
     pub fn get(&self) -> Option<u64> {
-        Some(self.0.load(Ordering::Relaxed)).filter(|id| *id != 0)
+        Some(self.id.load(Ordering::Relaxed)).filter(|id| *id != 0)
     }
 
-    /// Records the id the controller state names (0: none yet, ignored). A cluster's id never
-    /// changes once set, so the first one learnt stays.
-    pub fn learn(&self, id: u64) {
-        if id != 0 {
-            let _ = self.0.compare_exchange(0, id, Ordering::Relaxed, Ordering::Relaxed);
+    /// Records the cluster id `state` names (0: none yet, ignored; a cluster's id never
+    /// changes once set, so the first one learnt stays) and its nodes' incarnations.
+    pub fn learn(&self, state: &crate::controller::ClusterState) {
+        if state.cluster_id != 0 {
+            let _ = self.id.compare_exchange(0, state.cluster_id, Ordering::Relaxed, Ordering::Relaxed);
         }
+        let known: HashMap<String, u64> =
+            state.nodes.values().filter(|n| n.incarnation != 0).map(|n| (n.rpc_addr.clone(), n.incarnation)).collect();
+        let mut incarnations = self.incarnations.write().unwrap_or_else(|p| p.into_inner());
+        if *incarnations != known {
+            *incarnations = known;
+        }
+    }
+
+    /// The incarnation registered for the node at `addr`, when known.
+    fn incarnation_at(&self, addr: &str) -> Option<u64> {
+        self.incarnations.read().unwrap_or_else(|p| p.into_inner()).get(addr).copied()
     }
 
     /// A call's metadata value of `id` (hex digits are always a valid value).
@@ -140,10 +165,10 @@ impl ClusterIdentity {
         format!("{id:016x}").parse().ok()
     }
 
-    /// The id a call's metadata names: `None` when it names none (a node that has not learnt
-    /// its cluster's id yet, or predates them); unreadable text reads as an id of its own.
-    pub fn of_call(metadata: &tonic::metadata::MetadataMap) -> Option<u64> {
-        let value = metadata.get(CLUSTER_ID_HEADER)?;
+    /// The id a call's metadata names under `key`: `None` when it names none (a node that has
+    /// not learnt it yet, or predates it); unreadable text reads as an id of its own.
+    pub fn of_call(metadata: &tonic::metadata::MetadataMap, key: &str) -> Option<u64> {
+        let value = metadata.get(key)?;
         Some(value.to_str().ok().and_then(|v| u64::from_str_radix(v, 16).ok()).unwrap_or(u64::MAX))
     }
 }
@@ -154,6 +179,8 @@ impl ClusterIdentity {
 pub struct PeerHeaders {
     token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
     cluster: ClusterIdentity,
+    /// The incarnation expected of the node called, when known.
+    target: Option<u64>,
 }
 
 impl tonic::service::Interceptor for PeerHeaders {
@@ -163,6 +190,9 @@ impl tonic::service::Interceptor for PeerHeaders {
         }
         if let Some(value) = self.cluster.get().and_then(ClusterIdentity::header) {
             request.metadata_mut().insert(CLUSTER_ID_HEADER, value);
+        }
+        if let Some(value) = self.target.and_then(ClusterIdentity::header) {
+            request.metadata_mut().insert(TARGET_INCARNATION_HEADER, value);
         }
         Ok(request)
     }
@@ -191,7 +221,7 @@ impl ChannelPool {
         };
         Ok(ChannelPool {
             channels: Mutex::new(HashMap::new()),
-            headers: PeerHeaders { token: header, cluster: ClusterIdentity::default() },
+            headers: PeerHeaders { token: header, cluster: ClusterIdentity::default(), target: None },
             local_ip,
             tls: None,
         })
@@ -223,9 +253,10 @@ impl ChannelPool {
     }
 
     pub fn client(&self, addr: &str) -> Result<RaftClient, tonic::transport::Error> {
+        let headers = PeerHeaders { target: self.headers.cluster.incarnation_at(addr), ..self.headers.clone() };
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(channel) = channels.get(addr) {
-            return Ok(RaftServiceClient::with_interceptor(channel.clone(), self.headers.clone()));
+            return Ok(RaftServiceClient::with_interceptor(channel.clone(), headers));
         }
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))?;
@@ -240,7 +271,7 @@ impl ChannelPool {
             .local_address(self.local_ip)
             .connect_lazy();
         channels.insert(addr.to_string(), channel.clone());
-        Ok(RaftServiceClient::with_interceptor(channel, self.headers.clone()))
+        Ok(RaftServiceClient::with_interceptor(channel, headers))
     }
 }
 

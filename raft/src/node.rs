@@ -438,6 +438,11 @@ impl Node {
         self.inner.controller.state()
     }
 
+    /// The incarnation of this node's data directory (`node.json`).
+    pub fn incarnation(&self) -> u64 {
+        self.inner.incarnation
+    }
+
     /// The id of the cluster this node belongs to, once its controller replica knows it.
     pub fn cluster_identity(&self) -> crate::network::ClusterIdentity {
         self.inner.controller.identity()

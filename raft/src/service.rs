@@ -55,12 +55,17 @@ const CALL_DEADLINE: std::time::Duration =
 pub struct CheckPeer {
     expected: Option<String>,
     cluster: ClusterIdentity,
+    /// This node's data-directory incarnation.
+    incarnation: u64,
     /// When a refusal was last logged: a refused peer calls many times a second.
     warned_at: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
 
 /// Least time between two warnings of refused node-to-node calls.
 const REFUSED_PEER_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The text of the refusal of a call meant for another data directory than this node's.
+pub const STRANGER_REFUSAL: &str = "this node's data directory is not the one registered under its id";
 
 /// The text of the refusal of a call from another cluster; `Node::register_loop` stops on it.
 pub const FOREIGN_CLUSTER_REFUSAL: &str = "the caller belongs to another cluster";
@@ -96,7 +101,8 @@ impl tonic::service::Interceptor for CheckPeer {
                 return Err(Status::unauthenticated("missing or wrong node-to-node token"));
             }
         }
-        if let (Some(own), Some(theirs)) = (self.cluster.get(), ClusterIdentity::of_call(request.metadata()))
+        if let (Some(own), Some(theirs)) =
+            (self.cluster.get(), ClusterIdentity::of_call(request.metadata(), crate::network::CLUSTER_ID_HEADER))
             && own != theirs
         {
             let why = format!(
@@ -108,6 +114,22 @@ impl tonic::service::Interceptor for CheckPeer {
             self.warn(&request, &why);
             return Err(Status::permission_denied(format!(
                 "{FOREIGN_CLUSTER_REFUSAL} ({theirs:016x}); this node belongs to cluster {own:016x}"
+            )));
+        }
+        let target = ClusterIdentity::of_call(request.metadata(), crate::network::TARGET_INCARNATION_HEADER);
+        if let Some(expected) = target
+            && expected != self.incarnation
+        {
+            self.warn(
+                &request,
+                "refused a node-to-node call meant for the data directory this node's id was registered with: this \
+                 node's data directory is another one (lost, or replaced by an empty one). Its peers hold what it \
+                 acknowledged; a node whose data was lost joins under a new --node-id (--join), and the \
+                 partitions move off the old id",
+            );
+            return Err(Status::permission_denied(format!(
+                "{STRANGER_REFUSAL}: the caller expects data directory {expected:016x}, this node has {:016x}",
+                self.incarnation
             )));
         }
         Ok(request)
@@ -126,12 +148,13 @@ fn from_another_cluster(own: &ClusterIdentity, caller: Option<u64>) -> bool {
 pub fn server(node: Node) -> tonic::service::interceptor::InterceptedService<RaftServiceServer<Service>, CheckPeer> {
     let expected = node.config().rpc_token.clone();
     let cluster = node.cluster_identity();
+    let incarnation = node.incarnation();
     let server = RaftServiceServer::new(Service { node })
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
         .max_encoding_message_size(MESSAGE_BYTES_MAX);
     tonic::service::interceptor::InterceptedService::new(
         server,
-        CheckPeer { expected, cluster, warned_at: Arc::default() },
+        CheckPeer { expected, cluster, incarnation, warned_at: Arc::default() },
     )
 }
 
@@ -507,7 +530,7 @@ impl RaftService for Service {
         request: Request<Streaming<pb::AppendEntriesRequest>>,
     ) -> Result<Response<StreamAppendAnswers>, Status> {
         use futures::StreamExt;
-        let caller = ClusterIdentity::of_call(request.metadata());
+        let caller = ClusterIdentity::of_call(request.metadata(), crate::network::CLUSTER_ID_HEADER);
         let own = self.node.cluster_identity();
         let mut input = request.into_inner();
         let first = input.message().await?.ok_or_else(|| Status::invalid_argument("empty append stream"))?;
@@ -533,7 +556,7 @@ impl RaftService for Service {
         // Test builds with the `failpoints` feature: `rpc::calls_unsupported=return` answers as a
         // node from before call streams does, so its peers use the unary RPCs.
         fail::fail_point!("rpc::calls_unsupported", |_| Err(Status::unimplemented("call streams are switched off")));
-        let caller = ClusterIdentity::of_call(request.metadata());
+        let caller = ClusterIdentity::of_call(request.metadata(), crate::network::CLUSTER_ID_HEADER);
         let own = self.node.cluster_identity();
         let mut input = request.into_inner();
         let (answers, outgoing) = tokio::sync::mpsc::channel::<pb::CallResponse>(CALLS_IN_FLIGHT);

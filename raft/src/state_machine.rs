@@ -54,7 +54,7 @@ impl Controller {
         let state = ClusterState::load(&dir)?;
         let (changed, _) = tokio::sync::watch::channel(0);
         let identity = ClusterIdentity::default();
-        identity.learn(state.cluster_id);
+        identity.learn(&state);
         Ok(Arc::new(Controller { dir, state: RwLock::new(Arc::new(state)), changed, identity }))
     }
 
@@ -199,7 +199,7 @@ impl GroupStateMachine {
                 answers.push(answer);
             }
             state.save(&controller.dir).map_err(to_io)?;
-            controller.identity.learn(state.cluster_id);
+            controller.identity.learn(state);
             self.state = AppliedState { applied: state.applied, membership: state.membership.clone() };
         }
         controller.changed.send_modify(|v| *v += 1);
@@ -295,7 +295,7 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
                 installed.applied = meta.last_log_id;
                 installed.membership = meta.last_membership.clone();
                 installed.save(&c.dir).map_err(to_io)?;
-                c.identity.learn(installed.cluster_id);
+                c.identity.learn(&installed);
                 *c.state.write().map_err(|_| to_io("controller state lock poisoned"))? = Arc::new(installed);
                 c.changed.send_modify(|v| *v += 1);
                 self.state = AppliedState { applied: meta.last_log_id, membership: meta.last_membership.clone() };
