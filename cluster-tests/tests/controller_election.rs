@@ -192,3 +192,29 @@ async fn controller_leader_and_another(cluster: &Cluster) -> Result<(u64, u64)> 
         .ok_or_else(|| logdex_cluster_tests::Error::Check(format!("no controller leader: {view}")))?;
     Ok((leader, if leader == 1 { 2 } else { 1 }))
 }
+
+/// A joined node is a controller learner, which never campaigns and kept naming the last
+/// leader it knew: with every voter gone, its `/readyz` answered 200 and `/cluster` named a
+/// leader that no longer existed. A replica names a leader only while it hears from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_that_no_longer_hears_from_the_controller_reports_no_leader() -> Result<()> {
+    let mut cluster = Cluster::start_with(ClusterOptions { spare_nodes: 1, ..ClusterOptions::plain(3) }).await?;
+    let outcome = async {
+        cluster.start_spare(4).await?;
+        let api = cluster.api().clone();
+        let url_4 = cluster.url(4);
+        ensure_eq!(api.get_url(&format!("{url_4}/readyz")).await?.status, 200, "node 4 ready with the voters up");
+        for id in 1..=3 {
+            cluster.kill(id)?;
+        }
+        // Past the longest election timeout (3 s by default).
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let ready = api.get_url(&format!("{url_4}/readyz")).await?;
+        ensure_eq!(ready.status, 503, "node 4 with every voter gone: {}", ready.summary());
+        let view: Value = api.get_url(&format!("{url_4}/cluster")).await?.json()?;
+        ensure_eq!(view["controller_leader"], Value::Null, "node 4's view: {view}");
+        Ok(())
+    }
+    .await;
+    cluster.finish(outcome)
+}

@@ -294,6 +294,9 @@ struct NodeInner {
     reclaiming: tokio::sync::Mutex<()>,
     /// Why the node cannot go on (its registration was refused), once it knows.
     fatal: tokio::sync::watch::Sender<Option<String>>,
+    /// When a controller leader last reached this node's controller replica (an append or a
+    /// heartbeat): a follower or learner names the leader it knows only while it hears from it.
+    controller_contact: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Node {
@@ -383,6 +386,7 @@ impl Node {
                 reclaim_due: Default::default(),
                 reclaiming: Default::default(),
                 fatal: tokio::sync::watch::channel(None).0,
+                controller_contact: std::sync::Mutex::new(None),
             }),
         })
     }
@@ -424,7 +428,20 @@ impl Node {
         if self.cut_off(&m) {
             return None;
         }
-        m.current_leader
+        // A replica that follows (a learner above all, which never campaigns) keeps naming
+        // the last leader it knew however long ago it heard from it: only one heard from
+        // within the longest election timeout counts.
+        let heard = || {
+            let contact = self.inner.controller_contact.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            contact.is_some_and(|at| at.elapsed() <= self.quorum_lost_after())
+        };
+        m.current_leader.filter(|leader| *leader == m.id || heard())
+    }
+
+    /// A controller leader reached this node's controller replica (an append or a heartbeat).
+    pub fn note_controller_contact(&self) {
+        *self.inner.controller_contact.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some(std::time::Instant::now());
     }
 
     /// How long a leader goes without a quorum's answer before it reports no leader: the

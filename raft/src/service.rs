@@ -159,6 +159,13 @@ pub fn server(node: Node) -> tonic::service::interceptor::InterceptedService<Raf
 }
 
 impl Service {
+    /// Notes an append or a heartbeat from the controller's leader (`Node::controller_leader`).
+    fn note_append(&self, header: Option<pb::GroupHeader>) {
+        if header.is_some_and(|h| h.group_id == CONTROLLER_GROUP) {
+            self.node.note_controller_contact();
+        }
+    }
+
     fn raft_for(&self, header: Option<pb::GroupHeader>) -> Result<Raft, Status> {
         let header = header.ok_or_else(|| Status::invalid_argument("missing group header"))?;
         if header.group_id == CONTROLLER_GROUP {
@@ -251,6 +258,7 @@ impl Service {
         if !req.entries.is_empty() {
             return Err(Status::invalid_argument("a heartbeat carries no entries"));
         }
+        self.note_append(req.header);
         let raft = self.raft_for(req.header)?;
         let rpc = append_request_from_pb(req)?;
         let answers = raft.stream_append(futures::stream::once(futures::future::ready(rpc)));
@@ -535,17 +543,23 @@ impl RaftService for Service {
         let mut input = request.into_inner();
         let first = input.message().await?.ok_or_else(|| Status::invalid_argument("empty append stream"))?;
         let header = first.header;
+        self.note_append(header);
         let raft = self.raft_for(header)?;
         let first = append_request_from_pb(first)?;
         // The stream ends at the first request for another group, that fails to
         // decode, from another cluster, or at a transport error; openraft then reopens it.
-        let rest = futures::stream::unfold((input, own), move |(mut input, own)| async move {
+        // The controller's stream notes each append from its leader.
+        let controller = header.is_some_and(|h| h.group_id == CONTROLLER_GROUP).then(|| self.node.clone());
+        let rest = futures::stream::unfold((input, own, controller), move |(mut input, own, controller)| async move {
             let next = input.message().await.ok()??;
             if next.header != header || from_another_cluster(&own, caller) {
                 return None;
             }
+            if let Some(node) = &controller {
+                node.note_controller_contact();
+            }
             let rpc = append_request_from_pb(next).ok()?;
-            Some((rpc, (input, own)))
+            Some((rpc, (input, own, controller)))
         });
         let requests = futures::stream::once(futures::future::ready(first)).chain(rest);
         let answers = raft.stream_append(requests).map(stream_append_answer);
@@ -635,6 +649,7 @@ impl RaftService for Service {
         request: Request<pb::AppendEntriesRequest>,
     ) -> Result<Response<pb::AppendEntriesResponse>, Status> {
         let req = request.into_inner();
+        self.note_append(req.header);
         let raft = self.raft_for(req.header)?;
         let rpc = append_request_from_pb(req)?;
         let resp = raft.append_entries(rpc).await.map_err(fatal)?;
