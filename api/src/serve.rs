@@ -296,6 +296,14 @@ impl ServeArgs {
         }
         if let Some(join) = &self.join {
             check_address(join).map_err(|e| format!("--join: {e}"))?;
+            for (own, what) in [(&rpc_addr, "RPC"), (&http_addr, "HTTP")] {
+                if join == own {
+                    return Err(format!(
+                        "--join {join} names this node's own {what} address: give the RPC address (--rpc-addr) of a \
+                         member of the running cluster"
+                    ));
+                }
+            }
         }
         let peers = match &self.peers {
             Some(spec) => parse_peers(spec)?,
@@ -623,6 +631,26 @@ pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The node configuration of `logdex serve --node-id 6 --join <join>` bound at
+    /// 127.0.0.1:8086 (HTTP) and 127.0.0.1:9096 (RPC).
+    fn joining_config(join: &str) -> Result<NodeConfig, String> {
+        use clap::Parser as _;
+        let args = ["logdex", "serve", "--node-id", "6", "--data-dir", "/nonexistent", "--join", join];
+        let cli = crate::cli::Cli::try_parse_from(args).map_err(|e| e.to_string())?;
+        let Some(crate::cli::Command::Serve(serve)) = cli.command else { return Err("not serve".into()) };
+        let (http, rpc) = (SocketAddr::from(([127, 0, 0, 1], 8086)), SocketAddr::from(([127, 0, 0, 1], 9096)));
+        serve.node_config(http, rpc, None)
+    }
+
+    #[test]
+    fn join_naming_this_nodes_own_address_is_refused() {
+        let own_rpc = joining_config("127.0.0.1:9096").err().unwrap_or_default();
+        assert!(own_rpc.contains("names this node's own RPC address"), "{own_rpc}");
+        let own_http = joining_config("127.0.0.1:8086").err().unwrap_or_default();
+        assert!(own_http.contains("names this node's own HTTP address"), "{own_http}");
+        assert!(joining_config("127.0.0.1:9091").is_ok(), "a member's address");
+    }
 
     #[test]
     fn peers_that_name_this_node_at_another_address_are_refused() {

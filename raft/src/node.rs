@@ -702,7 +702,17 @@ impl Node {
         for addr in targets {
             match self.remote_controller_write(&addr, cmd.clone(), false).await {
                 Ok((r, _)) => return Ok(r),
-                Err(e) => last = Error::unavailable(format!("{addr}: {e}")),
+                Err(e) => {
+                    // An HTTP listener answers gRPC with a 404 whose body tonic reads as a bad frame.
+                    let text = e.to_string();
+                    let http = mentions_any(&text, &["invalid compression flag", "404 not found", "content-type"]);
+                    let hint = if http {
+                        " (that address answers HTTP, not node-to-node RPC: name a member's --rpc-addr)"
+                    } else {
+                        ""
+                    };
+                    last = Error::unavailable(format!("{addr}: {text}{hint}"));
+                }
             }
         }
         Err(last)
