@@ -2,7 +2,8 @@
 //! the cluster as it was: a node restarted at another RPC address (its groups' replicas know
 //! it at the old one; one of `--peers` refuses at start, as its entry there names the old
 //! one), and a node joining with another node-to-node token. A node of another cluster at a
-//! member's address is refused by the cluster, and refuses it.
+//! member's address is refused by the cluster, and refuses it; a node restarted on an empty
+//! data directory under its old id hears nothing under that id and stops.
 
 use std::time::Duration;
 
@@ -198,7 +199,6 @@ async fn a_node_of_another_cluster_at_a_members_address_is_refused() -> Result<(
         ensure_eq!(read.status, 200, "the cluster serves on: {}", read.summary());
         api.put(&cluster.url(2), "kept", b"k2", b"v").await?.expect_status(200)?;
         stranger.kill().await.map_err(|e| Error::io("stopping the stranger", e))?;
-
         Ok(())
     }
     .await;
