@@ -782,7 +782,7 @@ impl Partition {
             }
             Some(pb::tier_command::Kind::TrimTo(to)) => {
                 let mut next = manifest.clone();
-                next.trim_at(*to, log_index, command.at_ms);
+                next.trim(*to, log_index, command.at_ms);
                 if next != *manifest {
                     next.save(&self.dir)?;
                     *manifest = next;

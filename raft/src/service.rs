@@ -65,7 +65,7 @@ pub struct CheckPeer {
 const REFUSED_PEER_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The text of the refusal of a call meant for another data directory than this node's.
-pub const STRANGER_REFUSAL: &str = "this node's data directory is not the one registered under its id";
+const STRANGER_REFUSAL: &str = "this node's data directory is not the one registered under its id";
 
 /// The text of the refusal of a call from another cluster; `Node::register_loop` stops on it.
 pub const FOREIGN_CLUSTER_REFUSAL: &str = "the caller belongs to another cluster";

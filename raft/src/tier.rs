@@ -246,13 +246,9 @@ impl Manifest {
     }
 
     /// Removes the segments ending at or before `to` and returns them; records the trim
-    /// (`to`, and `log_index`, the Raft log index of its entry).
-    pub fn trim(&mut self, to: Offset, log_index: u64) -> Vec<RemoteSegment> {
-        self.trim_at(to, log_index, 0)
-    }
-
-    /// [`Manifest::trim`], of a trim its leader proposed at `at_ms` (wall clock; 0: unknown).
-    pub fn trim_at(&mut self, to: Offset, log_index: u64, at_ms: u64) -> Vec<RemoteSegment> {
+    /// (`to`, `log_index`, the Raft log index of its entry, and `at_ms`, the wall-clock time
+    /// its leader proposed it at, 0 when unknown).
+    pub fn trim(&mut self, to: Offset, log_index: u64, at_ms: u64) -> Vec<RemoteSegment> {
         if at_ms > 0 && to > self.trimmed_to && to > self.forgotten_to {
             let trim = TimedTrim { to, at_ms };
             if self.timed_trims.len() >= TIMED_TRIMS_MAX {
@@ -984,12 +980,12 @@ mod tests {
         for (b, n) in [(0, 10), (10, 20), (20, 30)] {
             assert!(m.add(segment(b, n)));
         }
-        assert!(m.trim(15, 7).iter().map(|s| s.base_offset).eq([0]));
-        assert!(m.trim(20, 9).iter().map(|s| s.base_offset).eq([10]));
+        assert!(m.trim(15, 7, 0).iter().map(|s| s.base_offset).eq([0]));
+        assert!(m.trim(20, 9, 0).iter().map(|s| s.base_offset).eq([10]));
         assert_eq!((m.trimmed_to, m.trimmed_at), (20, 9));
-        assert!(m.trim(18, 8).is_empty(), "an older trim moves nothing back");
+        assert!(m.trim(18, 8, 0).is_empty(), "an older trim moves nothing back");
         assert_eq!((m.trimmed_to, m.trimmed_at), (20, 9));
-        assert!(m.trim(30, 10).iter().map(|s| s.base_offset).eq([20]));
+        assert!(m.trim(30, 10, 0).iter().map(|s| s.base_offset).eq([20]));
         assert!(!m.add(segment(25, 30)), "past retention: ends at the trim");
         assert!(m.add(segment(25, 31)), "reaches past the trim");
         assert_eq!(m.start_offset(), Some(25));
@@ -998,10 +994,10 @@ mod tests {
     #[test]
     fn timed_trims_are_forgotten_a_grace_after_their_time_and_dropped_once_forgotten() {
         let mut m = Manifest::default();
-        m.trim_at(10, 1, 1_000);
-        m.trim_at(20, 2, 5_000);
-        m.trim_at(15, 3, 6_000);
-        m.trim(30, 4);
+        m.trim(10, 1, 1_000);
+        m.trim(20, 2, 5_000);
+        m.trim(15, 3, 6_000);
+        m.trim(30, 4, 0);
         assert_eq!(m.timed_trims, [TimedTrim { to: 10, at_ms: 1_000 }, TimedTrim { to: 20, at_ms: 5_000 }]);
         assert_eq!(m.forget_due(1_999, 1_000), None);
         assert_eq!(m.forget_due(2_000, 1_000), Some(10));
@@ -1015,7 +1011,7 @@ mod tests {
         // At the bound, a later trim takes the newest's place: forgotten later, never sooner.
         let mut m = Manifest::default();
         for i in 1..=TIMED_TRIMS_MAX as u64 + 1 {
-            m.trim_at(i * 10, i, i * 1_000);
+            m.trim(i * 10, i, i * 1_000);
         }
         assert_eq!(m.timed_trims.len(), TIMED_TRIMS_MAX);
         let last = TIMED_TRIMS_MAX as u64 + 1;
