@@ -118,10 +118,31 @@ pub enum Command {
         #[command(flatten)]
         target: Target,
     },
-    /// Show the cluster: nodes, controller leader, groups hosted and led.
+    /// Show the cluster: nodes, controller leader and voters, groups hosted and led.
     Cluster {
         #[command(flatten)]
         target: Target,
+    },
+    /// Node administration.
+    Node {
+        #[command(subcommand)]
+        command: NodeCommand,
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NodeCommand {
+    /// Remove a node that is stopped for good (its disk lost, or retired) from the cluster.
+    ///
+    /// Move its replicas to other nodes first (`logdex move`); the removal is refused while
+    /// the node answers or holds a replica. Its id and data directory never take part again
+    /// (a replacement joins under a new id), and when it was a controller voter a live
+    /// learner takes its place.
+    Remove {
+        /// Id of the node to remove.
+        node_id: u64,
     },
 }
 

@@ -11,6 +11,7 @@ use serde_json::Value;
 use serde_json::json;
 
 use crate::cli::Command;
+use crate::cli::NodeCommand;
 use crate::cli::Target;
 use crate::cli::TopicCommand;
 
@@ -286,6 +287,10 @@ pub async fn run(command: Command) -> Result<(), String> {
                 return print_json(&v);
             }
             say(format_args!("controller leader: node {}", cell(&v["controller_leader"])))?;
+            say(format_args!("controller voters: {}", cell(&v["controller_voters"])))?;
+            if v["removed_nodes"].as_array().is_some_and(|r| !r.is_empty()) {
+                say(format_args!("removed nodes: {}", cell(&v["removed_nodes"])))?;
+            }
             let rows: Vec<Vec<String>> = v["nodes"]
                 .as_array()
                 .into_iter()
@@ -303,6 +308,22 @@ pub async fn run(command: Command) -> Result<(), String> {
                 })
                 .collect();
             print_table(&["NODE", "HTTP", "RPC", "STATE", "HOSTS", "LEADS"], &rows)
+        }
+        Command::Node { command: NodeCommand::Remove { node_id }, target } => {
+            let c = Client::new(&target)?;
+            let answer = c.send(reqwest::Method::DELETE, &format!("/cluster/nodes/{node_id}"), None).await?.ok()?;
+            let accepted = answer.status == reqwest::StatusCode::ACCEPTED;
+            let v = answer.json()?;
+            if target.json {
+                return print_json(&v);
+            }
+            say(format_args!("removed node {node_id}; controller voters: {}", cell(&v["controller_voters"])))?;
+            if accepted {
+                say(format_args!(
+                    "the controller's leader has not taken it out of the controller group yet: `logdex cluster` shows when"
+                ))?;
+            }
+            Ok(())
         }
         Command::Serve(_) | Command::Dev(_) | Command::Bench(_) => Err("not a client command".into()),
     }

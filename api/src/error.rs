@@ -22,6 +22,9 @@ pub enum ApiError {
     Gone(u64),
     #[error("{0}")]
     Conflict(String),
+    /// A conflict with a code of its own (a node that runs, or still holds replicas).
+    #[error("{message}")]
+    ConflictWith { code: &'static str, message: String },
     #[error("{0}")]
     TooLarge(String),
     #[error("{message}")]
@@ -48,6 +51,8 @@ pub enum ApiError {
     RateLimited(String),
     #[error("{0}")]
     NotFound(String),
+    #[error("node {0} is not registered")]
+    NodeNotFound(u64),
 }
 
 impl ApiError {
@@ -61,9 +66,10 @@ impl ApiError {
             ApiError::KeyNotFound
             | ApiError::TopicNotFound(_)
             | ApiError::TopicNotIndexed(_)
-            | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            | ApiError::NotFound(_)
+            | ApiError::NodeNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Gone(_) => StatusCode::GONE,
-            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Conflict(_) | ApiError::ConflictWith { .. } => StatusCode::CONFLICT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Misdirected { .. } => StatusCode::MISDIRECTED_REQUEST,
             ApiError::Unavailable(_) | ApiError::NodeUnreachable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -82,8 +88,10 @@ impl ApiError {
             ApiError::TopicNotFound(_) => "topic_not_found",
             ApiError::TopicNotIndexed(_) => "topic_not_indexed",
             ApiError::NotFound(_) => "not_found",
+            ApiError::NodeNotFound(_) => "node_not_found",
             ApiError::Gone(_) => "record_removed",
             ApiError::Conflict(_) => "conflict",
+            ApiError::ConflictWith { code, .. } => code,
             ApiError::TooLarge(_) => "too_large",
             ApiError::Misdirected { .. } => "misdirected",
             ApiError::Unavailable(_) | ApiError::NodeUnreachable(_) => "unavailable",

@@ -114,6 +114,7 @@ pub fn app(state: AppState) -> AxumRouter {
         .route(crate::middleware::LOOKUP_ROUTE, get(get_key).put(put_key).delete(delete_key))
         .route("/kv/{topic}/", axum::routing::any(|| async { empty_key() }))
         .route("/cluster", get(cluster))
+        .route("/cluster/nodes/{node}", axum::routing::delete(remove_node))
         .route("/healthz", get(|| async { "ok" }))
         .route(NOOP_ROUTE, get(|| async { NOOP_BODY }))
         .route("/readyz", get(readyz))
@@ -1288,8 +1289,56 @@ async fn cluster(State(s): State<AppState>) -> Json<Value> {
         "cluster_id": cluster_id,
         "node_id": s.router.node.node_id(),
         "controller_leader": controller_leader,
+        "controller_voters": s.router.node.controller_voters(),
         "nodes": nodes,
+        "removed_nodes": state.removed_nodes.keys().collect::<Vec<_>>(),
     }))
+}
+
+/// How long a removal waits for the controller's leader to take the node out of the
+/// controller group before it answers 202.
+const REMOVAL_WAIT: Duration = Duration::from_secs(10);
+
+/// `DELETE /cluster/nodes/{node}`: removes a node that is down for good and holds no replica
+/// from the cluster. Its id and data directory never take part again, and when it was a
+/// controller voter a live learner takes its place.
+async fn remove_node(State(s): State<AppState>, Path(node): Path<String>) -> Result<Response, ApiError> {
+    let node: u64 =
+        node.parse().map_err(|_| ApiError::bad("invalid_node", format!("node id must be a number, got {node:?}")))?;
+    let state = s.router.node.cluster();
+    if !state.removed_nodes.contains_key(&node) {
+        if !state.nodes.contains_key(&node) {
+            return Err(ApiError::NodeNotFound(node));
+        }
+        if !s.router.statuses([node]).await.is_empty() {
+            return Err(ApiError::ConflictWith {
+                code: "node_running",
+                message: format!(
+                    "node {node} answers: a node is removed only once it is stopped for good (move its replicas \
+                     off, stop it, then remove it)"
+                ),
+            });
+        }
+        let cmd = pb::ControllerCommand {
+            kind: Some(pb::controller_command::Kind::RemoveNode(pb::RemoveNode { node_id: node })),
+        };
+        let result = s.router.node.controller_write(cmd, false).await?;
+        match result.status.as_str() {
+            "ok" | "exists" => {}
+            "not_found" => return Err(ApiError::NodeNotFound(node)),
+            "conflict" => return Err(ApiError::ConflictWith { code: "node_has_replicas", message: result.message }),
+            _ => return Err(ApiError::Internal(result.message)),
+        }
+    }
+    let left = s.router.node.wait_left_controller_group(node, REMOVAL_WAIT).await;
+    let status = if left { StatusCode::OK } else { StatusCode::ACCEPTED };
+    let body = json!({
+        "node_id": node,
+        "removed": true,
+        "controller_group": if left { "left" } else { "leaving" },
+        "controller_voters": s.router.node.controller_voters(),
+    });
+    Ok((status, Json(body)).into_response())
 }
 
 async fn readyz(State(s): State<AppState>) -> Response {

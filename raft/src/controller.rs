@@ -121,6 +121,11 @@ pub struct ClusterState {
     /// refuses calls from another cluster (`network::ClusterIdentity`).
     #[serde(default)]
     pub cluster_id: u64,
+    /// Nodes removed from the cluster (`RemoveNode`), with the data-directory incarnation each
+    /// had registered: neither the id nor that directory registers again, and a call from that
+    /// directory is refused (`network::ClusterIdentity`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub removed_nodes: BTreeMap<NodeId, u64>,
 }
 
 /// Outcome of a controller command, as the client sees it.
@@ -172,6 +177,7 @@ impl ClusterState {
             Some(Kind::MovePartition(m)) => self.move_partition(m),
             Some(Kind::CompleteMove(c)) => self.complete_move(c),
             Some(Kind::FixMove(f)) => self.fix_move(f),
+            Some(Kind::RemoveNode(r)) => self.remove_node(r.node_id),
             None => result("invalid", "empty controller command"),
         }
     }
@@ -184,6 +190,16 @@ impl ClusterState {
     /// controller's among them) name it by the address it registered with, and would go on
     /// sending it their entries there.
     fn register_node(&mut self, r: &pb::RegisterNode) -> pb::ControllerResult {
+        if self.removed_nodes.contains_key(&r.node_id) {
+            return result(
+                "conflict",
+                format!(
+                    "node id {} was removed from the cluster: a node joins under an id never used before \
+                     (--join, with an empty data directory)",
+                    r.node_id
+                ),
+            );
+        }
         let mut record = NodeRecord {
             node_id: r.node_id,
             rpc_addr: r.rpc_addr.clone(),
@@ -435,6 +451,42 @@ impl ClusterState {
         p.target_fixed = false;
         p.moves += 1;
         result("ok", format!("move of {}/{} complete", c.topic, c.partition))
+    }
+
+    /// Removes node `node` from the cluster, once no partition names it among its replicas
+    /// or its move's target: the replicas move off first, so no group loses a member it
+    /// counts on. Removing a removed node again is a no-op.
+    fn remove_node(&mut self, node: NodeId) -> pb::ControllerResult {
+        if self.removed_nodes.contains_key(&node) {
+            return result("exists", format!("node {node} was already removed"));
+        }
+        let Some(record) = self.nodes.get(&node) else {
+            return result("not_found", format!("node {node} is not registered"));
+        };
+        let hosted: Vec<String> = self
+            .topics
+            .values()
+            .flat_map(|t| t.partitions.iter().map(move |p| (t, p)))
+            .filter(|(_, p)| p.all_replicas().any(|r| r.node_id == node))
+            .map(|(t, p)| format!("{}/{}", t.name, p.partition))
+            .collect();
+        if let Some(first) = hosted.first() {
+            let more = match hosted.len() {
+                1 => String::new(),
+                n => format!(" and {} more", n - 1),
+            };
+            return result(
+                "conflict",
+                format!(
+                    "node {node} still holds replicas of {first}{more}: move them to other nodes first \
+                     (PUT /topics/{{topic}}/partitions/{{p}}/replicas, or `logdex move`)"
+                ),
+            );
+        }
+        let incarnation = record.incarnation;
+        self.nodes.remove(&node);
+        self.removed_nodes.insert(node, incarnation);
+        result("ok", format!("node {node} removed"))
     }
 
     fn allocate_replica(&mut self) -> ReplicaId {
@@ -779,6 +831,63 @@ mod tests {
         };
         assert_eq!(state.apply(&moved_http).status, "ok");
         assert_eq!(state.nodes[&4].http_addr, "127.0.0.1:9004");
+    }
+
+    fn remove(state: &mut ClusterState, node_id: u64) -> pb::ControllerResult {
+        state.apply(&pb::ControllerCommand { kind: Some(Kind::RemoveNode(pb::RemoveNode { node_id })) })
+    }
+
+    #[test]
+    fn a_node_is_removed_only_once_no_partition_names_it_and_never_registers_again() {
+        let mut state = ClusterState::fresh();
+        for id in 1..=4 {
+            register_from(&mut state, id, 7000 + id, 10 + id);
+        }
+        assert_eq!(create(&mut state, "t", 1, 3).status, "created");
+        let holder = state.topics["t"].partitions[0].replicas[0].node_id;
+        let spare = (1..=4).find(|n| state.topics["t"].partitions[0].replicas.iter().all(|r| r.node_id != *n));
+        let spare = spare.unwrap_or_default();
+        assert_eq!(remove(&mut state, 9).status, "not_found");
+
+        let refused = remove(&mut state, holder);
+        assert_eq!(refused.status, "conflict", "{}", refused.message);
+        assert!(refused.message.contains("t/0"), "names the partition: {}", refused.message);
+        assert!(state.nodes.contains_key(&holder), "the refused removal changed nothing");
+
+        // A move's target names the node too, until the move is done.
+        let mut others: Vec<u64> =
+            state.topics["t"].partitions[0].replicas.iter().map(|r| r.node_id).filter(|n| *n != holder).collect();
+        others.push(spare);
+        assert_eq!(move_to(&mut state, others.clone()).status, "ok");
+        assert_eq!(remove(&mut state, spare).status, "conflict", "the target of a move in progress");
+
+        let removed = remove(&mut state, holder);
+        assert_eq!(removed.status, "conflict", "the move is not complete: {}", removed.message);
+        let target = state.topics["t"].partitions[0].target.clone().unwrap_or_default();
+        let group_id = state.topics["t"].partitions[0].group_id;
+        let complete = pb::ControllerCommand {
+            kind: Some(Kind::CompleteMove(pb::CompleteMove {
+                topic: "t".into(),
+                partition: 0,
+                group_id,
+                replica_ids: target.iter().map(|r| r.replica_id).collect(),
+            })),
+        };
+        assert_eq!(state.apply(&complete).status, "ok");
+        assert_eq!(remove(&mut state, holder).status, "ok");
+        assert!(!state.nodes.contains_key(&holder));
+        assert_eq!(state.removed_nodes.get(&holder), Some(&(10 + holder)), "its data directory is kept");
+        assert_eq!(remove(&mut state, holder).status, "exists", "a retry");
+
+        // Neither its directory nor a new one registers under the id again.
+        for incarnation in [10 + holder, 99] {
+            let refused = register_from(&mut state, holder, 7000 + holder, incarnation);
+            assert_eq!(refused.status, "conflict", "{}", refused.message);
+            assert!(refused.message.contains("was removed"), "{}", refused.message);
+        }
+        assert!(!state.nodes.contains_key(&holder));
+        // A move onto it is refused like one onto any unregistered node.
+        assert_eq!(move_to(&mut state, vec![holder]).status, "invalid");
     }
 
     fn create(state: &mut ClusterState, name: &str, partitions: u32, rf: u32) -> pb::ControllerResult {

@@ -124,16 +124,24 @@ async fn send_snapshot_files(
 /// a follower's log go back on (a leader that saw it panicked), and it never learns the
 /// assignments that would have it start the lost replicas empty; its registration is refused
 /// and it stops.
+///
+/// And it holds the incarnations of the nodes removed from the cluster: every call names its
+/// caller's own ([`SOURCE_INCARNATION_HEADER`]), and a call from a removed node's data
+/// directory (the node started again by mistake) is refused, so its stale replicas never
+/// take part in the groups it left.
 #[derive(Clone, Default)]
 pub struct ClusterIdentity {
     id: Arc<std::sync::atomic::AtomicU64>,
     incarnations: Arc<std::sync::RwLock<HashMap<String, u64>>>,
+    removed: Arc<std::sync::RwLock<std::collections::HashSet<u64>>>,
 }
 
 /// The metadata key of a call's cluster id: 16 lowercase hex digits.
 pub const CLUSTER_ID_HEADER: &str = "x-logdex-cluster";
 /// The metadata key of the incarnation a call expects of the node it calls: 16 hex digits.
 pub const TARGET_INCARNATION_HEADER: &str = "x-logdex-target-incarnation";
+/// The metadata key of the calling node's own incarnation: 16 hex digits.
+pub const SOURCE_INCARNATION_HEADER: &str = "x-logdex-source-incarnation";
 
 impl ClusterIdentity {
     /// The id, once known.
@@ -153,6 +161,18 @@ impl ClusterIdentity {
         if *incarnations != known {
             *incarnations = known;
         }
+        drop(incarnations);
+        let removed: std::collections::HashSet<u64> =
+            state.removed_nodes.values().copied().filter(|i| *i != 0).collect();
+        let mut known_removed = self.removed.write().unwrap_or_else(|p| p.into_inner());
+        if *known_removed != removed {
+            *known_removed = removed;
+        }
+    }
+
+    /// Whether `incarnation` is the data directory of a node removed from the cluster.
+    pub fn is_removed(&self, incarnation: u64) -> bool {
+        self.removed.read().unwrap_or_else(|p| p.into_inner()).contains(&incarnation)
     }
 
     /// The incarnation registered for the node at `addr`, when known.
@@ -173,12 +193,14 @@ impl ClusterIdentity {
     }
 }
 
-/// Adds to every request the node-to-node bearer token, when configured, and the cluster's
-/// id, once known.
+/// Adds to every request the node-to-node bearer token, when configured, the cluster's id,
+/// once known, and the incarnations of the caller and, when known, of the node called.
 #[derive(Clone)]
 pub struct PeerHeaders {
     token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
     cluster: ClusterIdentity,
+    /// This node's own incarnation (0: not given, in tests).
+    source: u64,
     /// The incarnation expected of the node called, when known.
     target: Option<u64>,
 }
@@ -193,6 +215,9 @@ impl tonic::service::Interceptor for PeerHeaders {
         }
         if let Some(value) = self.target.and_then(ClusterIdentity::header) {
             request.metadata_mut().insert(TARGET_INCARNATION_HEADER, value);
+        }
+        if let Some(value) = Some(self.source).filter(|s| *s != 0).and_then(ClusterIdentity::header) {
+            request.metadata_mut().insert(SOURCE_INCARNATION_HEADER, value);
         }
         Ok(request)
     }
@@ -221,15 +246,15 @@ impl ChannelPool {
         };
         Ok(ChannelPool {
             channels: Mutex::new(HashMap::new()),
-            headers: PeerHeaders { token: header, cluster: ClusterIdentity::default(), target: None },
+            headers: PeerHeaders { token: header, cluster: ClusterIdentity::default(), source: 0, target: None },
             local_ip,
             tls: None,
         })
     }
 
-    /// Requests that carry `cluster`'s id once it is known.
-    pub fn with_cluster(self, cluster: ClusterIdentity) -> ChannelPool {
-        ChannelPool { headers: PeerHeaders { cluster, ..self.headers }, ..self }
+    /// Requests that carry `cluster`'s id once it is known, and `incarnation` as the caller's.
+    pub fn with_cluster(self, cluster: ClusterIdentity, incarnation: u64) -> ChannelPool {
+        ChannelPool { headers: PeerHeaders { cluster, source: incarnation, ..self.headers }, ..self }
     }
 
     /// Connections over TLS (`https`), verifying peers against the PEM certificates of

@@ -74,6 +74,9 @@ const TIER_FETCHES_PENDING_MAX: usize = 16;
 /// group to elect a leader, as a partition write waits for its group's (8 s), before it
 /// answers 503.
 const CONTROLLER_LEADER_WAIT: Duration = Duration::from_secs(8);
+/// How often the controller's leader looks again for removed nodes still in the controller
+/// group, between applied changes ([`Node::controller_membership_loop`]).
+const CONTROLLER_MEMBERSHIP_CHECK: Duration = Duration::from_secs(2);
 /// How often a controller write whose leader cannot be reached asks again (an election).
 const CONTROLLER_RETRY: Duration = Duration::from_millis(100);
 /// How long a `linearizable` or `strict` read waits for a leader that answers, beyond
@@ -342,7 +345,7 @@ impl Node {
             ChannelPool::new(config.rpc_token.as_deref(), config.rpc_source_ip)
                 .map_err(Error::Invalid)?
                 .with_tls_ca(config.rpc_tls_ca_pem.as_deref())
-                .with_cluster(controller.identity()),
+                .with_cluster(controller.identity(), incarnation),
         );
         let (damage, damage_reports) = tokio::sync::mpsc::channel(crate::network::DAMAGE_REPORTS_MAX);
         let calls = Arc::new(crate::calls::Calls::new(pool.clone()));
@@ -483,9 +486,80 @@ impl Node {
         tokio::spawn(async move { node.cleaner_loop().await });
         let node = self.clone();
         tokio::spawn(async move { node.leader_balance_loop().await });
+        let node = self.clone();
+        tokio::spawn(async move { node.controller_membership_loop().await });
         if let Some(reports) = self.inner.damage_reports.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let node = self.clone();
             tokio::spawn(async move { node.damage_loop(reports).await });
+        }
+        Ok(())
+    }
+
+    /// On the controller's leader: takes the nodes removed from the cluster out of the
+    /// controller group, a learner taking each removed voter's place (so a cluster that lost a
+    /// voter's disk for good gets back the failures its controller tolerates). Woken by each
+    /// applied controller change, and every few seconds while a change is left to make (a
+    /// leader elected since, or no learner answering yet).
+    async fn controller_membership_loop(&self) {
+        let mut changed = self.inner.controller.subscribe();
+        let mut stop = self.inner.stop.subscribe();
+        loop {
+            if let Err(e) = self.drop_removed_controller_members().await {
+                tracing::warn!(error = %e, "cannot take removed nodes out of the controller group yet");
+            }
+            tokio::select! {
+                _ = changed.changed() => {}
+                _ = tokio::time::sleep(CONTROLLER_MEMBERSHIP_CHECK) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    }
+
+    /// One step of [`Node::controller_membership_loop`]: nothing unless this node leads the
+    /// controller group and its membership names a removed node.
+    async fn drop_removed_controller_members(&self) -> Result<()> {
+        let raft = &self.inner.controller_raft;
+        let m = crate::types::metrics_of(raft);
+        let me = self.node_id();
+        if m.current_leader != Some(me) {
+            return Ok(());
+        }
+        let removed: std::collections::BTreeSet<NodeId> = self.cluster().removed_nodes.keys().copied().collect();
+        let membership = m.membership_config.membership();
+        if membership.get_joint_config().len() > 1 || !membership.nodes().any(|(id, _)| removed.contains(id)) {
+            return Ok(());
+        }
+        if removed.contains(&me) {
+            tracing::error!("this node leads the controller group yet was removed from the cluster: it stays a voter");
+            return Ok(());
+        }
+        let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
+        let gone: std::collections::BTreeSet<NodeId> = voters.intersection(&removed).copied().collect();
+        if !gone.is_empty() {
+            let replacements = replacement_voters(&m, &removed, gone.len(), self.quorum_lost_after());
+            let mut next: std::collections::BTreeSet<NodeId> = voters.difference(&gone).copied().collect();
+            next.extend(replacements.iter().copied());
+            tracing::info!(removed = ?gone, promoted = ?replacements, voters = ?next, "changing the controller voters");
+            tokio::time::timeout(
+                OPERATION_TIMEOUT,
+                raft.change_membership(openraft::ChangeMembers::ReplaceAllVoters(next), false),
+            )
+            .await
+            .map_err(|_| Error::Timeout("changing the controller voters".into()))?
+            .map_err(Error::unavailable)?;
+        }
+        let m = crate::types::metrics_of(raft);
+        let learners: std::collections::BTreeSet<NodeId> =
+            m.membership_config.membership().learner_ids().filter(|id| removed.contains(id)).collect();
+        if !learners.is_empty() {
+            tracing::info!(removed = ?learners, "taking removed nodes out of the controller group");
+            tokio::time::timeout(
+                OPERATION_TIMEOUT,
+                raft.change_membership(openraft::ChangeMembers::RemoveNodes(learners), false),
+            )
+            .await
+            .map_err(|_| Error::Timeout("removing controller learners".into()))?
+            .map_err(Error::unavailable)?;
         }
         Ok(())
     }
@@ -621,7 +695,10 @@ impl Node {
                     .get(&config.node_id)
                     .is_some_and(|n| n.rpc_addr == config.rpc_addr && n.http_addr == config.http_addr);
             let in_membership = self.controller_membership_has(config.node_id);
-            if registered && in_membership {
+            // A node registered before still asks once at each start (the answer is "exists"),
+            // and goes on only if the cluster did not refuse it: it may have been removed
+            // meanwhile, and its own controller replica, cut off since, cannot tell.
+            if registered && in_membership && attempt > 0 && refusals == 0 {
                 tracing::info!(attempt, "registered with the controller");
                 return;
             }
@@ -641,6 +718,19 @@ impl Node {
             match &result {
                 Err(e) if refused_as_a_peer(&e.to_string()) => refusals += 1,
                 _ => refusals = 0,
+            }
+            // A removal is final: the node stops at the first such refusal.
+            if let Some(e) =
+                result.as_ref().err().filter(|e| e.to_string().contains(crate::service::REMOVED_NODE_REFUSAL))
+            {
+                tracing::error!(error = %e, "this node was removed from the cluster");
+                let reason = format!(
+                    "this node (id {}, this data directory) was removed from the cluster and may not take part again: \
+                     {e}",
+                    config.node_id
+                );
+                let _ = self.inner.fatal.send(Some(reason));
+                return;
             }
             if refusals >= REGISTRATION_REFUSALS_MAX {
                 let e = result.as_ref().err().map(ToString::to_string).unwrap_or_default();
@@ -690,6 +780,25 @@ impl Node {
     fn controller_membership_has(&self, node: NodeId) -> bool {
         let m = crate::types::metrics_of(&self.inner.controller_raft);
         m.membership_config.membership().nodes().any(|(id, _)| *id == node)
+    }
+
+    /// The controller group's voters, as this node's controller replica knows them.
+    pub fn controller_voters(&self) -> Vec<NodeId> {
+        let m = crate::types::metrics_of(&self.inner.controller_raft);
+        m.membership_config.membership().voter_ids().collect()
+    }
+
+    /// Waits (up to `bound`) until this node's controller replica sees node `node` out of the
+    /// controller group (after its removal, [`Node::controller_membership_loop`]); whether it does.
+    pub async fn wait_left_controller_group(&self, node: NodeId, bound: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + bound;
+        while self.controller_membership_has(node) {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(LEADER_POLL).await;
+        }
+        true
     }
 
     async fn register_via_peers(&self, cmd: &pb::ControllerCommand) -> Result<pb::ControllerResult> {
@@ -2244,6 +2353,7 @@ fn refused_as_a_peer(message: &str) -> bool {
             "unknownca",
             "badcertificate",
             crate::service::FOREIGN_CLUSTER_REFUSAL,
+            crate::service::REMOVED_NODE_REFUSAL,
         ],
     )
 }
@@ -2373,6 +2483,32 @@ fn successor(m: &crate::types::RaftMetrics, ack_fresh: Duration) -> Option<Repli
         m.replication.as_ref().and_then(|r| r.get(replica).cloned().flatten()).map(|log_id| log_id.index)
     };
     membership.voter_ids().filter(|v| *v != m.id && answered(v)).max_by_key(|v| matched(v))
+}
+
+/// Up to `count` learners of the controller group, leader metrics `m`, to become voters in place
+/// of removed ones: of the learners not removed that answered within `ack_fresh`, the ones with
+/// the most matched log (then the lowest ids). Fewer when fewer answer: the voters shrink
+/// rather than count on a node that may be down.
+fn replacement_voters(
+    m: &crate::types::RaftMetrics,
+    removed: &std::collections::BTreeSet<NodeId>,
+    count: usize,
+    ack_fresh: Duration,
+) -> Vec<NodeId> {
+    let answered = |id: &NodeId| {
+        m.heartbeat
+            .as_ref()
+            .and_then(|h| h.get(id).cloned().flatten())
+            .is_some_and(|acked| openraft::Instant::elapsed(&*acked) <= ack_fresh)
+    };
+    let matched = |id: &NodeId| {
+        m.replication.as_ref().and_then(|r| r.get(id).cloned().flatten()).map_or(0, |log_id| log_id.index)
+    };
+    let mut learners: Vec<NodeId> =
+        m.membership_config.membership().learner_ids().filter(|id| !removed.contains(id) && answered(id)).collect();
+    learners.sort_by_key(|id| (std::cmp::Reverse(matched(id)), *id));
+    learners.truncate(count);
+    learners
 }
 
 /// Whether this replica leads (by its metrics) yet no quorum of its voters acknowledged it for

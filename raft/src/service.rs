@@ -70,6 +70,10 @@ const STRANGER_REFUSAL: &str = "this node's data directory is not the one regist
 /// The text of the refusal of a call from another cluster; `Node::register_loop` stops on it.
 pub const FOREIGN_CLUSTER_REFUSAL: &str = "the caller belongs to another cluster";
 
+/// The text of the refusal of a call from a node removed from the cluster; its
+/// `Node::register_loop` stops on it.
+pub const REMOVED_NODE_REFUSAL: &str = "the caller's node was removed from the cluster";
+
 impl CheckPeer {
     /// Logs `why` (with the caller's address), at most every [`REFUSED_PEER_WARN_EVERY`].
     fn warn(&self, request: &tonic::Request<()>, why: &str) {
@@ -115,6 +119,17 @@ impl tonic::service::Interceptor for CheckPeer {
             return Err(Status::permission_denied(format!(
                 "{FOREIGN_CLUSTER_REFUSAL} ({theirs:016x}); this node belongs to cluster {own:016x}"
             )));
+        }
+        let source = ClusterIdentity::of_call(request.metadata(), crate::network::SOURCE_INCARNATION_HEADER);
+        if let Some(source) = source
+            && self.cluster.is_removed(source)
+        {
+            self.warn(
+                &request,
+                "refused a node-to-node call from a node removed from the cluster (DELETE /cluster/nodes/{id}): \
+                 it was started again on its old data directory; stop it for good",
+            );
+            return Err(Status::permission_denied(format!("{REMOVED_NODE_REFUSAL} (data directory {source:016x})")));
         }
         let target = ClusterIdentity::of_call(request.metadata(), crate::network::TARGET_INCARNATION_HEADER);
         if let Some(expected) = target
