@@ -526,16 +526,20 @@ impl Node {
         }
         let removed: std::collections::BTreeSet<NodeId> = self.cluster().removed_nodes.keys().copied().collect();
         let membership = m.membership_config.membership();
-        if membership.get_joint_config().len() > 1 || !membership.nodes().any(|(id, _)| removed.contains(id)) {
+        // Only this loop changes the controller's voters: a joint configuration is one of its
+        // changes whose leader went halfway, finished here towards its second half.
+        let halfway = membership.get_joint_config().len() > 1;
+        if !halfway && !membership.nodes().any(|(id, _)| removed.contains(id)) {
             return Ok(());
         }
         if removed.contains(&me) {
             tracing::error!("this node leads the controller group yet was removed from the cluster: it stays a voter");
             return Ok(());
         }
-        let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
+        let voters: std::collections::BTreeSet<NodeId> =
+            membership.get_joint_config().last().cloned().unwrap_or_default();
         let gone: std::collections::BTreeSet<NodeId> = voters.intersection(&removed).copied().collect();
-        if !gone.is_empty() {
+        if halfway || !gone.is_empty() {
             let replacements = replacement_voters(&m, &removed, gone.len(), self.quorum_lost_after());
             let mut next: std::collections::BTreeSet<NodeId> = voters.difference(&gone).copied().collect();
             next.extend(replacements.iter().copied());
@@ -3030,6 +3034,29 @@ mod tests {
         let now = <openraft::alias::InstantOf<crate::types::TypeConfig> as openraft::Instant>::now();
         m.last_quorum_acked = ago.map(|ago| openraft::metrics::SerdeInstant::new(now - ago));
         m
+    }
+
+    #[test]
+    fn a_removed_voter_is_replaced_by_the_answering_learner_furthest_along() {
+        let fresh = Duration::from_millis(1500);
+        let nodes: std::collections::BTreeMap<u64, pb::Node> = (1..=7).map(|v| (v, pb::Node::default())).collect();
+        let membership =
+            crate::types::Membership::new(vec![[1, 2, 3].into_iter().collect()], nodes).expect("a membership");
+        let mut m = leading(&[1, 2, 3], Some(Duration::from_millis(10)));
+        m.membership_config = Arc::new(crate::types::StoredMembership::new(None, membership));
+        let now = <openraft::alias::InstantOf<crate::types::TypeConfig> as openraft::Instant>::now();
+        let acked = |ago: u64| Some(openraft::metrics::SerdeInstant::new(now - Duration::from_millis(ago)));
+        // Learner 4 answers and is behind, 5 answers and leads the way, 6 is further along
+        // but silent, 7 is removed itself.
+        m.heartbeat = Some([(4, acked(100)), (5, acked(200)), (6, acked(60_000)), (7, acked(10))].into());
+        let matched = |index: u64| Some(crate::wire::log_id_from_pb(&pb::LogId { term: 1, index }));
+        m.replication = Some([(4, matched(10)), (5, matched(20)), (6, matched(30)), (7, matched(40))].into());
+        let removed: std::collections::BTreeSet<u64> = [3, 7].into_iter().collect();
+        assert_eq!(replacement_voters(&m, &removed, 1, fresh), vec![5]);
+        assert_eq!(replacement_voters(&m, &removed, 2, fresh), vec![5, 4]);
+        assert_eq!(replacement_voters(&m, &removed, 3, fresh), vec![5, 4], "the silent learner is never chosen");
+        m.heartbeat = None;
+        assert!(replacement_voters(&m, &removed, 1, fresh).is_empty(), "none answered: the voters shrink");
     }
 
     #[test]
