@@ -1243,7 +1243,8 @@ async fn fetch_records(
     s.router.node.read_barrier(&hosted, mode).await?;
     let hw = hosted.partition.high_watermark();
     let records = s.router.node.read_records(&hosted, offset, max_records, max_bytes).await?;
-    let next_offset = records.last().map_or(offset.max(hosted.partition.log_start_offset()).min(hw), |(o, _)| o + 1);
+    let start = hosted.partition.log_start_offset();
+    let next_offset = records.last().map_or_else(|| empty_page_next_offset(offset, start, hw, mode), |(o, _)| o + 1);
     let (encoded, encoding) = encode_records(&records, wanted)?;
     let mut resp = Json(json!({
         "records": encoded,
@@ -1257,6 +1258,18 @@ async fn fetch_records(
     h.insert(X_KV_HIGH_WATERMARK, HeaderValue::from(hw));
     h.insert(X_KV_NODE, HeaderValue::from(s.router.node.node_id()));
     Ok(resp)
+}
+
+/// Where the next fetch starts after a page without records asked at `offset` of a replica
+/// whose log runs from `start` to `hw`: the log start for an offset retention removed; the high
+/// watermark for one past it, which a leader or a caught-up replica has not reached (a
+/// `follower` read keeps the offset asked: the replica may only be behind, and pointing the
+/// consumer back would have it read again what it has).
+fn empty_page_next_offset(offset: u64, start: u64, hw: u64, mode: ReadMode) -> u64 {
+    match mode {
+        ReadMode::Follower if offset > hw => offset,
+        _ => offset.max(start).min(hw),
+    }
 }
 
 // ---------------------------------------------------------------- cluster
@@ -1533,6 +1546,19 @@ mod tests {
             Err(ApiError::BadRequest { code, message }) => format!("{code}: {message}"),
             other => panic!("expected a 400, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn an_empty_follower_page_past_the_replicas_high_watermark_keeps_the_offset_asked() {
+        // Below the log start: the log start; within the log: the offset asked.
+        for mode in [ReadMode::Linearizable, ReadMode::Strict, ReadMode::Follower] {
+            assert_eq!(empty_page_next_offset(3, 10, 50, mode), 10);
+            assert_eq!(empty_page_next_offset(50, 10, 50, mode), 50);
+        }
+        // Past the high watermark: a leader's answer is its end; a follower may be behind.
+        assert_eq!(empty_page_next_offset(70, 10, 50, ReadMode::Linearizable), 50);
+        assert_eq!(empty_page_next_offset(70, 10, 50, ReadMode::Strict), 50);
+        assert_eq!(empty_page_next_offset(70, 10, 50, ReadMode::Follower), 70);
     }
 
     #[test]

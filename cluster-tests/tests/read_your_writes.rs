@@ -6,16 +6,23 @@
 //! the call streams, or on append streams to nodes that do not take heartbeat calls.
 //! A leader holds back requests that only carry a new commit index for a moment, and
 //! neither reads nor the end of a burst of writes wait on them for long. A follower's
-//! read sent right after its leader was killed or paused waits for the next leader.
+//! read sent right after its leader was killed or paused waits for the next leader. A
+//! follower fetch past the high watermark of a replica that is behind leaves the consumer
+//! where it was.
 
 use logdex_cluster_tests::Cluster;
+use logdex_cluster_tests::ClusterOptions;
 use logdex_cluster_tests::Read;
 use logdex_cluster_tests::ReadMode;
 use logdex_cluster_tests::Result;
 use logdex_cluster_tests::TopicSpec;
+use logdex_cluster_tests::client::FetchResponse;
 use logdex_cluster_tests::cluster::FAILPOINTS_ENV;
 use logdex_cluster_tests::ensure;
 use logdex_cluster_tests::ensure_eq;
+use logdex_cluster_tests::proxy::Fault;
+use logdex_cluster_tests::support::Probe;
+use logdex_cluster_tests::support::poll_until;
 use logdex_cluster_tests::support::settled;
 use std::time::Duration;
 
@@ -30,6 +37,68 @@ const READER: u64 = 1;
 /// Writers of a burst, and the writes each sends.
 const BURST_WRITERS: usize = 8;
 const BURST_WRITES: usize = 40;
+
+/// A follower cut off from its leader falls behind; a `read=follower` fetch there at the
+/// leader's high watermark answers no records and keeps `next_offset` at the offset asked
+/// (it pointed the consumer back to the replica's own high watermark, so the consumer read
+/// again what it had). Once the cut heals, the same fetch returns the records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_fetch_past_a_lagging_replicas_high_watermark_keeps_the_offset_asked() -> Result<()> {
+    let cluster = Cluster::start_with(ClusterOptions { proxy: true, ..ClusterOptions::plain(3) }).await?;
+    let outcome = lagging_fetch(&cluster).await;
+    cluster.finish(outcome)
+}
+
+async fn lagging_fetch(cluster: &Cluster) -> Result<()> {
+    let api = cluster.api();
+    api.create_topic(&cluster.url(1), &TopicSpec::compacted(TOPIC, 1, 3)).await?.expect_status(201)?;
+    let (leader, [behind, _]) = leader_and_followers(cluster).await?;
+    let leader_url = cluster.url(leader);
+    for k in 0..3 {
+        api.put(&leader_url, TOPIC, format!("before-{k}").as_bytes(), b"v").await?.expect_status(200)?;
+    }
+    let proxy = cluster.proxy().ok_or_else(|| logdex_cluster_tests::Error::Check("no proxy".into()))?;
+    let fetch = |offset: u64| {
+        let url = format!("{}/topics/{TOPIC}/partitions/0/records?offset={offset}&read=follower", cluster.url(behind));
+        async move {
+            let reply = api.get_url(&url).await?;
+            reply.expect_status(200)?;
+            reply.decode::<FetchResponse>()
+        }
+    };
+    caught_up(&fetch, 0, 3).await?;
+    proxy.isolate(behind, Fault::Cut);
+    for k in 0..5 {
+        api.put(&leader_url, TOPIC, format!("during-{k}").as_bytes(), b"v").await?.expect_status(200)?;
+    }
+    let page = fetch(8).await?;
+    ensure_eq!(page.high_watermark, 3, "the cut-off follower is behind");
+    ensure!(page.records.is_empty(), "no records past its high watermark: {page:?}");
+    ensure_eq!(page.next_offset, 8, "the consumer stays at the offset it asked");
+    proxy.heal();
+    let page = caught_up(&fetch, 3, 8).await?;
+    ensure_eq!(page.records.len(), 5, "the records written during the cut: {page:?}");
+    ensure_eq!(page.next_offset, 8, "after the records written during the cut");
+    Ok(())
+}
+
+/// The page `fetch(offset)` returns once its high watermark is `hw`.
+async fn caught_up<F, Fut>(fetch: &F, offset: u64, hw: u64) -> Result<FetchResponse>
+where
+    F: Fn(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<FetchResponse>>,
+{
+    poll_until(
+        &format!("the follower's high watermark reaches {hw}"),
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || async {
+            let page = fetch(offset).await?;
+            Ok(if page.high_watermark == hw { Probe::Ready(page) } else { Probe::NotYet(format!("{page:?}")) })
+        },
+    )
+    .await
+}
 
 /// For each round: write a new value for one key through the partition leader,
 /// and as soon as it is acknowledged read it back from both followers, one in
