@@ -93,8 +93,10 @@ pub struct ServeArgs {
     /// Default: unlimited.
     #[arg(long, env = "LOGDEX_LOOKUP_RATE_LIMIT", value_parser = clap::value_parser!(u32).range(1..))]
     pub lookup_rate_limit: Option<u32>,
-    /// Controller voters at bootstrap: the lowest ids of --peers, at most this many (1 to 7);
-    /// the other nodes hold the cluster metadata as learners.
+    /// Controller voters (1 to 7): at bootstrap the lowest ids of --peers, at most this many;
+    /// the other nodes hold the cluster metadata as learners, and the controller's leader
+    /// makes learners that answer voters while there are fewer (keeping their count odd), and
+    /// in place of removed nodes.
     #[arg(long, env = "LOGDEX_CONTROLLER_VOTERS", default_value_t = logdex_raft::node::CONTROLLER_VOTERS_DEFAULT as u8,
           value_parser = clap::value_parser!(u8).range(1..=logdex_raft::node::CONTROLLER_VOTERS_MAX as i64))]
     pub controller_voters: u8,

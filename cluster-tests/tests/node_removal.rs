@@ -1,7 +1,9 @@
 //! Removing a node for good (`DELETE /cluster/nodes/{id}`): a node whose disk is lost leaves
 //! the cluster once its replicas moved off. When it was a controller voter, a live learner
 //! takes its place, so the controller again tolerates the loss of another voter; the removed
-//! node, started again on its old data directory, is refused and stops with the reason.
+//! node, started again on its old data directory, is refused and stops with the reason. A
+//! cluster started with fewer nodes than `--controller-voters` makes joined nodes voters once
+//! they are enough for an odd count.
 
 use std::time::Duration;
 use std::time::Instant;
@@ -125,6 +127,39 @@ async fn a_removed_learner_leaves_the_controller_group_and_the_voters_stay() -> 
         cluster.api().create_topic(&url_1, &TopicSpec::compacted("left", 3, 3)).await?.expect_status(201)?;
         let d = cluster.api().describe_ok(&url_1, "left").await?;
         ensure!(d.partitions.iter().all(|p| !p.replicas.contains(&4)), "no replica on node 4: {d:?}");
+        Ok(())
+    }
+    .await;
+    cluster.finish(outcome)
+}
+
+/// A one-node cluster's controller is that node alone. A second node that joins stays a
+/// learner (two voters would tolerate no more failures than one); with a third, both become
+/// voters, and the controller survives the loss of the first node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joined_nodes_become_controller_voters_once_they_make_an_odd_count() -> Result<()> {
+    let mut cluster = Cluster::start_with(ClusterOptions { spare_nodes: 2, ..ClusterOptions::plain(1) }).await?;
+    let outcome = async {
+        let url_1 = cluster.url(1);
+        cluster.start_spare(2).await?;
+        // A voter change would be made within a check of the controller's leader (2 s).
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let view: Value = cluster.api().cluster(&url_1).await?.json()?;
+        ensure_eq!(view["controller_voters"], json!([1]), "two voters would be no better than one: {view}");
+        cluster.start_spare(3).await?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let view: Value = cluster.api().cluster(&url_1).await?.json()?;
+            if view["controller_voters"] == json!([1, 2, 3]) {
+                break;
+            }
+            ensure!(Instant::now() < deadline, "the joined nodes did not become voters: {view}");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        cluster.kill(1)?;
+        let created = cluster.api().create_topic(&cluster.url(2), &TopicSpec::compacted("after", 1, 2)).await?;
+        created.expect_status(201)?;
+        cluster.api().put(&cluster.url(3), "after", b"k", b"v").await?.expect_status(200)?;
         Ok(())
     }
     .await;

@@ -74,8 +74,8 @@ const TIER_FETCHES_PENDING_MAX: usize = 16;
 /// group to elect a leader, as a partition write waits for its group's (8 s), before it
 /// answers 503.
 const CONTROLLER_LEADER_WAIT: Duration = Duration::from_secs(8);
-/// How often the controller's leader looks again for removed nodes still in the controller
-/// group, between applied changes ([`Node::controller_membership_loop`]).
+/// How often the controller's leader looks again at its voters between applied changes
+/// ([`Node::controller_voters_loop`]).
 const CONTROLLER_MEMBERSHIP_CHECK: Duration = Duration::from_secs(2);
 /// How often a controller write whose leader cannot be reached asks again (an election).
 const CONTROLLER_RETRY: Duration = Duration::from_millis(100);
@@ -487,7 +487,7 @@ impl Node {
         let node = self.clone();
         tokio::spawn(async move { node.leader_balance_loop().await });
         let node = self.clone();
-        tokio::spawn(async move { node.controller_membership_loop().await });
+        tokio::spawn(async move { node.controller_voters_loop().await });
         if let Some(reports) = self.inner.damage_reports.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let node = self.clone();
             tokio::spawn(async move { node.damage_loop(reports).await });
@@ -495,17 +495,20 @@ impl Node {
         Ok(())
     }
 
-    /// On the controller's leader: takes the nodes removed from the cluster out of the
-    /// controller group, a learner taking each removed voter's place (so a cluster that lost a
-    /// voter's disk for good gets back the failures its controller tolerates). Woken by each
-    /// applied controller change, and every few seconds while a change is left to make (a
-    /// leader elected since, or no learner answering yet).
-    async fn controller_membership_loop(&self) {
+    /// On the controller's leader: keeps the controller's voters as `--controller-voters` asks,
+    /// with the nodes there are. It takes the nodes removed from the cluster out of the
+    /// controller group, and makes learners that answer and are caught up voters while the
+    /// voters are fewer than asked (a removed voter's place first; a cluster that started with
+    /// fewer nodes than that once enough have joined), so a cluster that lost a voter's disk
+    /// for good gets back the failures its controller tolerates. Woken by each applied
+    /// controller change, and every few seconds while a change is left to make (a leader
+    /// elected since, or no learner answering yet).
+    async fn controller_voters_loop(&self) {
         let mut changed = self.inner.controller.subscribe();
         let mut stop = self.inner.stop.subscribe();
         loop {
-            if let Err(e) = self.drop_removed_controller_members().await {
-                tracing::warn!(error = %e, "cannot take removed nodes out of the controller group yet");
+            if let Err(e) = self.tend_controller_voters().await {
+                tracing::warn!(error = %e, "cannot change the controller's voters yet");
             }
             tokio::select! {
                 _ = changed.changed() => {}
@@ -515,9 +518,9 @@ impl Node {
         }
     }
 
-    /// One step of [`Node::controller_membership_loop`]: nothing unless this node leads the
-    /// controller group and its membership names a removed node.
-    async fn drop_removed_controller_members(&self) -> Result<()> {
+    /// One step of [`Node::controller_voters_loop`]: nothing unless this node leads the
+    /// controller group and its membership needs a change.
+    async fn tend_controller_voters(&self) -> Result<()> {
         let raft = &self.inner.controller_raft;
         let m = crate::types::metrics_of(raft);
         let me = self.node_id();
@@ -525,31 +528,30 @@ impl Node {
             return Ok(());
         }
         let removed: std::collections::BTreeSet<NodeId> = self.cluster().removed_nodes.keys().copied().collect();
-        let membership = m.membership_config.membership();
-        // Only this loop changes the controller's voters: a joint configuration is one of its
-        // changes whose leader went halfway, finished here towards its second half.
-        let halfway = membership.get_joint_config().len() > 1;
-        if !halfway && !membership.nodes().any(|(id, _)| removed.contains(id)) {
-            return Ok(());
-        }
         if removed.contains(&me) {
             tracing::error!("this node leads the controller group yet was removed from the cluster: it stays a voter");
             return Ok(());
         }
+        let membership = m.membership_config.membership();
+        // Only this loop changes the controller's voters: a joint configuration is one of its
+        // changes whose leader went halfway, finished here towards its second half.
+        let halfway = membership.get_joint_config().len() > 1;
         let voters: std::collections::BTreeSet<NodeId> =
             membership.get_joint_config().last().cloned().unwrap_or_default();
         let gone: std::collections::BTreeSet<NodeId> = voters.intersection(&removed).copied().collect();
-        if halfway || !gone.is_empty() {
-            let replacements = replacement_voters(&m, &removed, gone.len(), self.quorum_lost_after());
-            let mut next: std::collections::BTreeSet<NodeId> = voters.difference(&gone).copied().collect();
-            next.extend(replacements.iter().copied());
-            tracing::info!(removed = ?gone, promoted = ?replacements, voters = ?next, "changing the controller voters");
+        let kept: std::collections::BTreeSet<NodeId> = voters.difference(&gone).copied().collect();
+        let wanted = self.inner.config.controller_voters.clamp(1, CONTROLLER_VOTERS_MAX);
+        let promoted = promotions(&m, &removed, kept.len(), wanted, self.quorum_lost_after());
+        if halfway || !gone.is_empty() || !promoted.is_empty() {
+            let mut next = kept;
+            next.extend(promoted.iter().copied());
+            tracing::info!(removed = ?gone, promoted = ?promoted, voters = ?next, "changing the controller's voters");
             tokio::time::timeout(
                 OPERATION_TIMEOUT,
                 raft.change_membership(openraft::ChangeMembers::ReplaceAllVoters(next), false),
             )
             .await
-            .map_err(|_| Error::Timeout("changing the controller voters".into()))?
+            .map_err(|_| Error::Timeout("changing the controller's voters".into()))?
             .map_err(Error::unavailable)?;
         }
         let m = crate::types::metrics_of(raft);
@@ -793,7 +795,7 @@ impl Node {
     }
 
     /// Waits (up to `bound`) until this node's controller replica sees node `node` out of the
-    /// controller group (after its removal, [`Node::controller_membership_loop`]); whether it does.
+    /// controller group (after its removal, [`Node::controller_voters_loop`]); whether it does.
     pub async fn wait_left_controller_group(&self, node: NodeId, bound: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + bound;
         while self.controller_membership_has(node) {
@@ -2489,14 +2491,21 @@ fn successor(m: &crate::types::RaftMetrics, ack_fresh: Duration) -> Option<Repli
     membership.voter_ids().filter(|v| *v != m.id && answered(v)).max_by_key(|v| matched(v))
 }
 
-/// Up to `count` learners of the controller group, leader metrics `m`, to become voters in place
-/// of removed ones: of the learners not removed that answered within `ack_fresh`, the ones with
-/// the most matched log (then the lowest ids). Fewer when fewer answer: the voters shrink
-/// rather than count on a node that may be down.
-fn replacement_voters(
+/// How far behind the leader's log a learner may be and still become a controller voter: a
+/// voter further behind would hold every controller write of the joint configuration until it
+/// caught up.
+const PROMOTION_LAG_MAX: u64 = 64;
+
+/// The learners of the controller group, leader metrics `m`, to become voters beside `kept`
+/// voters so that there are `wanted`: of the learners not removed that answered within
+/// `ack_fresh` and are caught up, the ones with the most matched log (then the lowest ids).
+/// Fewer when fewer qualify, and then never so many that the voters become an even count
+/// short of `wanted` (two voters tolerate no more failures than one).
+fn promotions(
     m: &crate::types::RaftMetrics,
     removed: &std::collections::BTreeSet<NodeId>,
-    count: usize,
+    kept: usize,
+    wanted: usize,
     ack_fresh: Duration,
 ) -> Vec<NodeId> {
     let answered = |id: &NodeId| {
@@ -2508,10 +2517,18 @@ fn replacement_voters(
     let matched = |id: &NodeId| {
         m.replication.as_ref().and_then(|r| r.get(id).cloned().flatten()).map_or(0, |log_id| log_id.index)
     };
-    let mut learners: Vec<NodeId> =
-        m.membership_config.membership().learner_ids().filter(|id| !removed.contains(id) && answered(id)).collect();
+    let caught_up = |id: &NodeId| matched(id) + PROMOTION_LAG_MAX >= m.last_log_index.unwrap_or(0);
+    let mut learners: Vec<NodeId> = m
+        .membership_config
+        .membership()
+        .learner_ids()
+        .filter(|id| !removed.contains(id) && answered(id) && caught_up(id))
+        .collect();
     learners.sort_by_key(|id| (std::cmp::Reverse(matched(id)), *id));
-    learners.truncate(count);
+    learners.truncate(wanted.saturating_sub(kept));
+    if (kept + learners.len()).is_multiple_of(2) && kept + learners.len() < wanted {
+        learners.pop();
+    }
     learners
 }
 
@@ -3037,26 +3054,39 @@ mod tests {
     }
 
     #[test]
-    fn a_removed_voter_is_replaced_by_the_answering_learner_furthest_along() {
+    fn controller_voters_are_made_of_answering_caught_up_learners_furthest_along_up_to_an_odd_count() {
         let fresh = Duration::from_millis(1500);
-        let nodes: std::collections::BTreeMap<u64, pb::Node> = (1..=7).map(|v| (v, pb::Node::default())).collect();
+        let nodes: std::collections::BTreeMap<u64, pb::Node> = (1..=8).map(|v| (v, pb::Node::default())).collect();
         let membership =
             crate::types::Membership::new(vec![[1, 2, 3].into_iter().collect()], nodes).expect("a membership");
         let mut m = leading(&[1, 2, 3], Some(Duration::from_millis(10)));
         m.membership_config = Arc::new(crate::types::StoredMembership::new(None, membership));
+        m.last_log_index = Some(200);
         let now = <openraft::alias::InstantOf<crate::types::TypeConfig> as openraft::Instant>::now();
         let acked = |ago: u64| Some(openraft::metrics::SerdeInstant::new(now - Duration::from_millis(ago)));
-        // Learner 4 answers and is behind, 5 answers and leads the way, 6 is further along
-        // but silent, 7 is removed itself.
-        m.heartbeat = Some([(4, acked(100)), (5, acked(200)), (6, acked(60_000)), (7, acked(10))].into());
+        // Learner 4 answers and is a little behind, 5 answers and is furthest along, 6 is
+        // further along but silent, 7 is removed itself, 8 answers but is far behind.
+        m.heartbeat =
+            Some([(4, acked(100)), (5, acked(200)), (6, acked(60_000)), (7, acked(10)), (8, acked(10))].into());
         let matched = |index: u64| Some(crate::wire::log_id_from_pb(&pb::LogId { term: 1, index }));
-        m.replication = Some([(4, matched(10)), (5, matched(20)), (6, matched(30)), (7, matched(40))].into());
+        m.replication = Some(
+            [(4, matched(150)), (5, matched(200)), (6, matched(200)), (7, matched(200)), (8, matched(100))].into(),
+        );
         let removed: std::collections::BTreeSet<u64> = [3, 7].into_iter().collect();
-        assert_eq!(replacement_voters(&m, &removed, 1, fresh), vec![5]);
-        assert_eq!(replacement_voters(&m, &removed, 2, fresh), vec![5, 4]);
-        assert_eq!(replacement_voters(&m, &removed, 3, fresh), vec![5, 4], "the silent learner is never chosen");
+        // Voter 3 removed: one replaces it.
+        assert_eq!(promotions(&m, &removed, 2, 3, fresh), vec![5]);
+        // Five wanted of two kept: two qualify, but four voters tolerate no more failures
+        // than three.
+        assert_eq!(promotions(&m, &removed, 2, 5, fresh), vec![5]);
+        assert_eq!(promotions(&m, &removed, 1, 5, fresh), vec![5, 4]);
+        // Three wanted of one: two, or none rather than an even count of two voters.
+        assert_eq!(promotions(&m, &removed, 1, 3, fresh), vec![5, 4]);
+        m.heartbeat = Some([(5, acked(10))].into());
+        assert!(promotions(&m, &removed, 1, 3, fresh).is_empty(), "one learner alone would make two voters");
+        assert_eq!(promotions(&m, &removed, 1, 2, fresh), vec![5], "unless two are wanted");
+        assert!(promotions(&m, &removed, 3, 3, fresh).is_empty(), "enough voters");
         m.heartbeat = None;
-        assert!(replacement_voters(&m, &removed, 1, fresh).is_empty(), "none answered: the voters shrink");
+        assert!(promotions(&m, &removed, 2, 3, fresh).is_empty(), "none answered: the voters shrink");
     }
 
     #[test]
