@@ -302,12 +302,13 @@ pub async fn run(command: Command) -> Result<(), String> {
                         cell(&n["http_addr"]),
                         cell(&n["rpc_addr"]),
                         if n["alive"].as_bool() == Some(true) { "up".into() } else { "unreachable".into() },
+                        cell(&n["controller_role"]),
                         count("groups_hosted"),
                         count("groups_led"),
                     ]
                 })
                 .collect();
-            print_table(&["NODE", "HTTP", "RPC", "STATE", "HOSTS", "LEADS"], &rows)
+            print_table(&["NODE", "HTTP", "RPC", "STATE", "CONTROLLER", "HOSTS", "LEADS"], &rows)
         }
         Command::Node { command: NodeCommand::Remove { node_id }, target } => {
             let c = Client::new(&target)?;

@@ -1278,6 +1278,7 @@ async fn cluster(State(s): State<AppState>) -> Json<Value> {
     let state = s.router.node.cluster();
     let controller_leader = s.router.node.controller_leader();
     let statuses = s.router.statuses(state.nodes.keys().copied()).await;
+    let voters = s.router.node.controller_voters();
     let nodes: Vec<Value> = state
         .nodes
         .values()
@@ -1292,6 +1293,7 @@ async fn cluster(State(s): State<AppState>) -> Json<Value> {
                 "rpc_addr": n.rpc_addr,
                 "http_addr": n.http_addr,
                 "alive": status.is_some(),
+                "controller_role": if voters.contains(&n.node_id) { "voter" } else { "learner" },
                 "groups_hosted": hosts,
                 "groups_led": leads,
             })
@@ -1302,7 +1304,7 @@ async fn cluster(State(s): State<AppState>) -> Json<Value> {
         "cluster_id": cluster_id,
         "node_id": s.router.node.node_id(),
         "controller_leader": controller_leader,
-        "controller_voters": s.router.node.controller_voters(),
+        "controller_voters": voters,
         "nodes": nodes,
         "removed_nodes": state.removed_nodes.keys().collect::<Vec<_>>(),
     }))
