@@ -1321,8 +1321,16 @@ async fn remove_node(State(s): State<AppState>, Path(node): Path<String>) -> Res
     let node: u64 =
         node.parse().map_err(|_| ApiError::bad("invalid_node", format!("node id must be a number, got {node:?}")))?;
     let state = s.router.node.cluster();
+    let me = s.router.node.node_id();
+    if !state.nodes.contains_key(&me) {
+        return Err(ApiError::Unavailable(format!(
+            "node {me} has not joined the cluster yet and does not know its nodes; retry, or ask another node"
+        )));
+    }
     if !state.removed_nodes.contains_key(&node) {
-        if !state.nodes.contains_key(&node) {
+        // A node of --peers that never started is a controller member, never registered.
+        let controller_member = s.router.node.controller_membership_has(node);
+        if !state.nodes.contains_key(&node) && !controller_member {
             return Err(ApiError::NodeNotFound(node));
         }
         if !s.router.statuses([node]).await.is_empty() {
@@ -1335,7 +1343,7 @@ async fn remove_node(State(s): State<AppState>, Path(node): Path<String>) -> Res
             });
         }
         let cmd = pb::ControllerCommand {
-            kind: Some(pb::controller_command::Kind::RemoveNode(pb::RemoveNode { node_id: node })),
+            kind: Some(pb::controller_command::Kind::RemoveNode(pb::RemoveNode { node_id: node, controller_member })),
         };
         let result = s.router.node.controller_write(cmd, false).await?;
         match result.status.as_str() {

@@ -101,6 +101,24 @@ async fn remove_voter(cluster: &mut Cluster) -> Result<()> {
     ensure_eq!(status.code(), Some(1), "exit status of the removed node");
     let log = cluster.launch_log(3)?;
     ensure!(log.contains("was removed from the cluster"), "node 3 says why it stopped:\n{log}");
+    // So is a node started under its id on an empty directory, which the controller never
+    // adds to its group (its entries would reach that process, which would start the
+    // replicas the id once held, empty).
+    empty_data_dir(cluster, 3)?;
+    cluster.launch_stopped(3)?;
+    let status = cluster.wait_exited(3, EXIT_TIMEOUT).await?;
+    ensure_eq!(status.code(), Some(1), "exit status of a new process under the removed id");
+    let log = cluster.launch_log(3)?;
+    ensure!(log.contains("was removed from the cluster"), "the new process says why it stopped:\n{log}");
+    ensure!(!log.contains("partition replica started"), "it started no replica:\n{log}");
+    for id in [1, 2, 4] {
+        let log = std::fs::read_to_string(cluster.log_path(id))
+            .map_err(|e| Error::io(format!("reading the log of node {id}"), e))?;
+        ensure!(
+            !log.contains("added node to the controller group as learner node=3"),
+            "node {id} added the refused node to the controller group"
+        );
+    }
     let view: Value = api.cluster(&url_1).await?.json()?;
     ensure_eq!(view["controller_voters"], json!([1, 2, 4]), "the removed node changed nothing: {view}");
     api.put(&cluster.url(2), TOPIC, b"last", b"write").await?.expect_status(200)?;
@@ -108,13 +126,13 @@ async fn remove_voter(cluster: &mut Cluster) -> Result<()> {
 }
 
 /// A learner of the controller group (a node that joined) leaves it on removal, and the
-/// voters stay as they were.
+/// voters stay as they were. Removed while paused, once resumed it finds out and stops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_learner_leaves_the_controller_group_and_the_voters_stay() -> Result<()> {
     let mut cluster = Cluster::start_with(ClusterOptions { spare_nodes: 1, ..ClusterOptions::plain(3) }).await?;
     let outcome = async {
         cluster.start_spare(4).await?;
-        cluster.kill(4)?;
+        cluster.pause(4)?;
         let removed = remove(&cluster, 3, "4").await?;
         removed.expect_status(200)?;
         let body: Value = removed.json()?;
@@ -127,6 +145,11 @@ async fn a_removed_learner_leaves_the_controller_group_and_the_voters_stay() -> 
         cluster.api().create_topic(&url_1, &TopicSpec::compacted("left", 3, 3)).await?.expect_status(201)?;
         let d = cluster.api().describe_ok(&url_1, "left").await?;
         ensure!(d.partitions.iter().all(|p| !p.replicas.contains(&4)), "no replica on node 4: {d:?}");
+        cluster.resume(4)?;
+        let status = cluster.wait_exited(4, EXIT_TIMEOUT).await?;
+        ensure_eq!(status.code(), Some(1), "exit status of the removed node, resumed");
+        let log = cluster.launch_log(4)?;
+        ensure!(log.contains("was removed from the cluster"), "node 4 says why it stopped:\n{log}");
         Ok(())
     }
     .await;
@@ -164,6 +187,21 @@ async fn joined_nodes_become_controller_voters_once_they_make_an_odd_count() -> 
     }
     .await;
     cluster.finish(outcome)
+}
+
+/// Removes everything of node `id`'s data directory but its log, as a lost disk would.
+fn empty_data_dir(cluster: &Cluster, id: u64) -> Result<()> {
+    let dir = cluster.data_dir(id);
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io(format!("listing {}", dir.display()), e))?;
+    for entry in entries {
+        let path = entry.map_err(|e| Error::io(format!("listing {}", dir.display()), e))?.path();
+        if path == cluster.log_path(id) {
+            continue;
+        }
+        let removed = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+        removed.map_err(|e| Error::io(format!("removing {}", path.display()), e))?;
+    }
+    Ok(())
 }
 
 /// `DELETE /cluster/nodes/{node}` through node `via`.

@@ -177,7 +177,7 @@ impl ClusterState {
             Some(Kind::MovePartition(m)) => self.move_partition(m),
             Some(Kind::CompleteMove(c)) => self.complete_move(c),
             Some(Kind::FixMove(f)) => self.fix_move(f),
-            Some(Kind::RemoveNode(r)) => self.remove_node(r.node_id),
+            Some(Kind::RemoveNode(r)) => self.remove_node(r),
             None => result("invalid", "empty controller command"),
         }
     }
@@ -453,16 +453,19 @@ impl ClusterState {
         result("ok", format!("move of {}/{} complete", c.topic, c.partition))
     }
 
-    /// Removes node `node` from the cluster, once no partition names it among its replicas
-    /// or its move's target: the replicas move off first, so no group loses a member it
-    /// counts on. Removing a removed node again is a no-op.
-    fn remove_node(&mut self, node: NodeId) -> pb::ControllerResult {
+    /// Removes node `r.node_id` from the cluster, once no partition names it among its
+    /// replicas or its move's target: the replicas move off first, so no group loses a member
+    /// it counts on. A node never registered is removed only as a controller member (a node
+    /// of `--peers` that never started). Removing a removed node again is a no-op.
+    fn remove_node(&mut self, r: &pb::RemoveNode) -> pb::ControllerResult {
+        let node = r.node_id;
         if self.removed_nodes.contains_key(&node) {
             return result("exists", format!("node {node} was already removed"));
         }
-        let Some(record) = self.nodes.get(&node) else {
+        let record = self.nodes.get(&node);
+        if record.is_none() && !r.controller_member {
             return result("not_found", format!("node {node} is not registered"));
-        };
+        }
         let hosted: Vec<String> = self
             .topics
             .values()
@@ -483,7 +486,7 @@ impl ClusterState {
                 ),
             );
         }
-        let incarnation = record.incarnation;
+        let incarnation = record.map_or(0, |n| n.incarnation);
         self.nodes.remove(&node);
         self.removed_nodes.insert(node, incarnation);
         result("ok", format!("node {node} removed"))
@@ -834,7 +837,8 @@ mod tests {
     }
 
     fn remove(state: &mut ClusterState, node_id: u64) -> pb::ControllerResult {
-        state.apply(&pb::ControllerCommand { kind: Some(Kind::RemoveNode(pb::RemoveNode { node_id })) })
+        let r = pb::RemoveNode { node_id, controller_member: false };
+        state.apply(&pb::ControllerCommand { kind: Some(Kind::RemoveNode(r)) })
     }
 
     #[test]
@@ -888,6 +892,14 @@ mod tests {
         assert!(!state.nodes.contains_key(&holder));
         // A move onto it is refused like one onto any unregistered node.
         assert_eq!(move_to(&mut state, vec![holder]).status, "invalid");
+
+        // A node never registered is removed only as a controller member, and then never
+        // registers either.
+        assert_eq!(remove(&mut state, 8).status, "not_found");
+        let member = pb::RemoveNode { node_id: 8, controller_member: true };
+        assert_eq!(state.apply(&pb::ControllerCommand { kind: Some(Kind::RemoveNode(member)) }).status, "ok");
+        assert_eq!(state.removed_nodes.get(&8), Some(&0));
+        assert_eq!(register_from(&mut state, 8, 7008, 18).status, "conflict");
     }
 
     fn create(state: &mut ClusterState, name: &str, partitions: u32, rf: u32) -> pb::ControllerResult {

@@ -703,39 +703,21 @@ impl Node {
             let in_membership = self.controller_membership_has(config.node_id);
             // A node registered before still asks once at each start (the answer is "exists"),
             // and goes on only if the cluster did not refuse it: it may have been removed
-            // meanwhile, and its own controller replica, cut off since, cannot tell.
+            // meanwhile, and its own controller replica, cut off since, cannot tell. It asks
+            // again whenever it stops hearing from the controller.
             if registered && in_membership && attempt > 0 && refusals == 0 {
                 tracing::info!(attempt, "registered with the controller");
+                self.watch_registration(&cmd).await;
                 return;
             }
-            // Not `controller_write`: this node's controller replica may not be a learner yet.
-            let result = match self.controller_write_at(cmd.clone(), false).await {
-                Ok((r, _)) => Ok(r),
-                // A joining node's own controller replica knows no leader: only what its
-                // peers said tells why.
-                Err(_) if !in_membership => self.register_via_peers(&cmd).await,
-                Err(e) => self
-                    .register_via_peers(&cmd)
-                    .await
-                    .map_err(|peers| Error::unavailable(format!("{e}; through the peers: {peers}"))),
-            };
+            let result = self.register_once(&cmd, in_membership).await;
             // A peer that refuses this node's token or certificate refuses every retry: the
             // node stops with the reason rather than wait for ever.
             match &result {
                 Err(e) if refused_as_a_peer(&e.to_string()) => refusals += 1,
                 _ => refusals = 0,
             }
-            // A removal is final: the node stops at the first such refusal.
-            if let Some(e) =
-                result.as_ref().err().filter(|e| e.to_string().contains(crate::service::REMOVED_NODE_REFUSAL))
-            {
-                tracing::error!(error = %e, "this node was removed from the cluster");
-                let reason = format!(
-                    "this node (id {}, this data directory) was removed from the cluster and may not take part again: \
-                     {e}",
-                    config.node_id
-                );
-                let _ = self.inner.fatal.send(Some(reason));
+            if self.stop_if_refused_for_good(&result) {
                 return;
             }
             if refusals >= REGISTRATION_REFUSALS_MAX {
@@ -746,11 +728,6 @@ impl Node {
                      --tls-ca-file trusts, and a data directory of their cluster or an empty one)"
                 );
                 let _ = self.inner.fatal.send(Some(reason));
-                return;
-            }
-            if let Some(refused) = result.as_ref().ok().filter(|r| r.status == "conflict") {
-                tracing::error!(message = %refused.message, "the cluster refused this node's registration");
-                let _ = self.inner.fatal.send(Some(format!("registration refused: {}", refused.message)));
                 return;
             }
             match result {
@@ -775,6 +752,68 @@ impl Node {
         }
     }
 
+    /// One registration of this node, through its own controller replica or its peers.
+    async fn register_once(&self, cmd: &pb::ControllerCommand, in_membership: bool) -> Result<pb::ControllerResult> {
+        // Not `controller_write`: this node's controller replica may not be a learner yet.
+        match self.controller_write_at(cmd.clone(), false).await {
+            Ok((r, _)) => Ok(r),
+            // A joining node's own controller replica knows no leader: only what its peers
+            // said tells why.
+            Err(_) if !in_membership => self.register_via_peers(cmd).await,
+            Err(e) => self
+                .register_via_peers(cmd)
+                .await
+                .map_err(|peers| Error::unavailable(format!("{e}; through the peers: {peers}"))),
+        }
+    }
+
+    /// Stops the node when `result` refuses its registration for good: its id or data
+    /// directory was removed from the cluster, or the id is registered from another directory
+    /// or address. Whether it did.
+    fn stop_if_refused_for_good(&self, result: &Result<pb::ControllerResult>) -> bool {
+        let id = self.inner.config.node_id;
+        let reason = match result {
+            Err(e) if e.to_string().contains(crate::service::REMOVED_NODE_REFUSAL) => {
+                tracing::error!(error = %e, "this node was removed from the cluster");
+                format!(
+                    "this node (id {id}, this data directory) was removed from the cluster and may not take part again: {e}"
+                )
+            }
+            Ok(refused) if refused.status == "conflict" => {
+                tracing::error!(message = %refused.message, "the cluster refused this node's registration");
+                format!("registration refused: {}", refused.message)
+            }
+            _ => return false,
+        };
+        let _ = self.inner.fatal.send(Some(reason));
+        true
+    }
+
+    /// After registration: while this node hears nothing from the controller's leader (cut off,
+    /// or removed from the cluster while it was paused or down), registers again every
+    /// [`REGISTRATION_RECHECK`] (an "exists" answer once the controller is reached), and
+    /// stops if the cluster refuses it for good, as at start.
+    async fn watch_registration(&self, cmd: &pb::ControllerCommand) {
+        let mut stop = self.inner.stop.subscribe();
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(REGISTRATION_RECHECK) => {}
+                _ = stop.changed() => return,
+            }
+            if self.controller_leader().is_some() {
+                continue;
+            }
+            let in_membership = self.controller_membership_has(self.node_id());
+            let result = self.register_once(cmd, in_membership).await;
+            if self.stop_if_refused_for_good(&result) {
+                return;
+            }
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "the controller cannot be reached to confirm this node's registration");
+            }
+        }
+    }
+
     /// How many nodes the controller group's membership names (voters and learners): every
     /// node of `--peers` from the start, and each node that joined. Some may not have
     /// registered yet (they start in any order).
@@ -783,7 +822,9 @@ impl Node {
         m.membership_config.membership().nodes().count()
     }
 
-    fn controller_membership_has(&self, node: NodeId) -> bool {
+    /// Whether the controller group's membership (voters and learners) names node `node`, as
+    /// this node's controller replica knows it.
+    pub fn controller_membership_has(&self, node: NodeId) -> bool {
         let m = crate::types::metrics_of(&self.inner.controller_raft);
         m.membership_config.membership().nodes().any(|(id, _)| *id == node)
     }
@@ -919,7 +960,9 @@ impl Node {
                         Some(pb::command_response::Kind::Controller(r)) => r,
                         _ => return Err(Error::Corrupted("controller answered a non-controller response".into())),
                     };
-                    if let Some(r) = register {
+                    // A refused registration (a removed id, another data directory or address)
+                    // never joins the controller group: its entries would reach that process.
+                    if let Some(r) = register.filter(|_| matches!(result.status.as_str(), "ok" | "exists")) {
                         self.add_controller_learner(r).await?;
                     }
                     return Ok((result, resp.log_id.index));
@@ -2342,6 +2385,9 @@ fn produce_error(group: GroupId, node: NodeId, status: tonic::Status, connect_fa
 
 /// Registrations a node sends, though registered, while its cluster has no id yet.
 const CLUSTER_NAMING_ATTEMPTS: u64 = 4;
+/// How often a registered node that hears nothing from the controller's leader registers
+/// again ([`Node::watch_registration`]).
+const REGISTRATION_RECHECK: Duration = Duration::from_secs(5);
 
 /// Registration attempts in a row that a peer refuses (its token, its TLS certificate, or its
 /// cluster) before the node stops with the reason; every 500 ms.

@@ -126,8 +126,8 @@ impl tonic::service::Interceptor for CheckPeer {
         {
             self.warn(
                 &request,
-                "refused a node-to-node call from a node removed from the cluster (DELETE /cluster/nodes/{id}): \
-                 it was started again on its old data directory; stop it for good",
+                "refused a node-to-node call from a node removed from the cluster (DELETE /cluster/nodes/{id}) that \
+                 still runs on its old data directory (started again, or resumed): stop it for good",
             );
             return Err(Status::permission_denied(format!("{REMOVED_NODE_REFUSAL} (data directory {source:016x})")));
         }
