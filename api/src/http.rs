@@ -1318,8 +1318,13 @@ const REMOVAL_WAIT: Duration = Duration::from_secs(10);
 /// from the cluster. Its id and data directory never take part again, and when it was a
 /// controller voter a live learner takes its place.
 async fn remove_node(State(s): State<AppState>, Path(node): Path<String>) -> Result<Response, ApiError> {
-    let node: u64 =
-        node.parse().map_err(|_| ApiError::bad("invalid_node", format!("node id must be a number, got {node:?}")))?;
+    // Digits only, as for a partition: `u64::from_str` also takes a leading `+`.
+    let digits = !node.is_empty() && node.bytes().all(|b| b.is_ascii_digit());
+    let node: u64 = node
+        .parse()
+        .ok()
+        .filter(|_| digits)
+        .ok_or_else(|| ApiError::bad("invalid_node", format!("node id must be a number, got {node:?}")))?;
     let state = s.router.node.cluster();
     let me = s.router.node.node_id();
     if !state.nodes.contains_key(&me) {

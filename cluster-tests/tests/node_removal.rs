@@ -54,7 +54,9 @@ async fn remove_voter(cluster: &mut Cluster) -> Result<()> {
     expect_error(&running, 409, "node_running")?;
     cluster.kill(3)?;
     expect_error(&remove(cluster, 1, "9").await?, 404, "node_not_found")?;
-    expect_error(&remove(cluster, 1, "three").await?, 400, "invalid_node")?;
+    for bad in ["three", "+3", "-3", "99999999999999999999999"] {
+        expect_error(&remove(cluster, 1, bad).await?, 400, "invalid_node")?;
+    }
     let holding = remove(cluster, 1, "3").await?;
     expect_error(&holding, 409, "node_has_replicas")?;
     ensure!(holding.text().contains(&format!("{TOPIC}/")), "names a partition it holds: {}", holding.summary());

@@ -504,18 +504,8 @@ impl Node {
     /// controller change, and every few seconds while a change is left to make (a leader
     /// elected since, or no learner answering yet).
     async fn controller_voters_loop(&self) {
-        let mut changed = self.inner.controller.subscribe();
-        let mut stop = self.inner.stop.subscribe();
-        loop {
-            if let Err(e) = self.tend_controller_voters().await {
-                tracing::warn!(error = %e, "cannot change the controller's voters yet");
-            }
-            tokio::select! {
-                _ = changed.changed() => {}
-                _ = tokio::time::sleep(CONTROLLER_MEMBERSHIP_CHECK) => {}
-                _ = stop.changed() => return,
-            }
-        }
+        let failed = "cannot change the controller's voters yet";
+        self.after_each_controller_change(CONTROLLER_MEMBERSHIP_CHECK, failed, || self.tend_controller_voters()).await
     }
 
     /// One step of [`Node::controller_voters_loop`]: nothing unless this node leads the
@@ -1064,15 +1054,26 @@ impl Node {
     }
 
     async fn reconcile_loop(&self) {
+        self.after_each_controller_change(Duration::from_secs(1), "reconcile failed; retrying", || self.reconcile())
+            .await
+    }
+
+    /// Runs `step` now, after each change the controller replica applies, and at least every
+    /// `every`, until the node stops; a failed step is logged with `failed` and runs again.
+    async fn after_each_controller_change<F, Fut>(&self, every: Duration, failed: &str, mut step: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<()>>,
+    {
         let mut changed = self.inner.controller.subscribe();
         let mut stop = self.inner.stop.subscribe();
         loop {
-            if let Err(e) = self.reconcile().await {
-                tracing::warn!(error = %e, "reconcile failed; retrying");
+            if let Err(e) = step().await {
+                tracing::warn!(error = %e, "{failed}");
             }
             tokio::select! {
                 _ = changed.changed() => {}
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = tokio::time::sleep(every) => {}
                 _ = stop.changed() => return,
             }
         }
