@@ -536,27 +536,26 @@ impl Node {
             let mut next = kept;
             next.extend(promoted.iter().copied());
             tracing::info!(removed = ?gone, promoted = ?promoted, voters = ?next, "changing the controller's voters");
-            tokio::time::timeout(
-                OPERATION_TIMEOUT,
-                raft.change_membership(openraft::ChangeMembers::ReplaceAllVoters(next), false),
-            )
-            .await
-            .map_err(|_| Error::Timeout("changing the controller's voters".into()))?
-            .map_err(Error::unavailable)?;
+            self.change_controller_membership(openraft::ChangeMembers::ReplaceAllVoters(next)).await?;
         }
         let m = crate::types::metrics_of(raft);
         let learners: std::collections::BTreeSet<NodeId> =
             m.membership_config.membership().learner_ids().filter(|id| removed.contains(id)).collect();
         if !learners.is_empty() {
             tracing::info!(removed = ?learners, "taking removed nodes out of the controller group");
-            tokio::time::timeout(
-                OPERATION_TIMEOUT,
-                raft.change_membership(openraft::ChangeMembers::RemoveNodes(learners), false),
-            )
-            .await
-            .map_err(|_| Error::Timeout("removing controller learners".into()))?
-            .map_err(Error::unavailable)?;
+            self.change_controller_membership(openraft::ChangeMembers::RemoveNodes(learners)).await?;
         }
+        Ok(())
+    }
+
+    /// Makes `change` to the controller group's membership (removed voters do not stay as
+    /// learners), bounded by [`OPERATION_TIMEOUT`].
+    async fn change_controller_membership(&self, change: openraft::ChangeMembers<NodeId, pb::Node>) -> Result<()> {
+        let raft = &self.inner.controller_raft;
+        tokio::time::timeout(OPERATION_TIMEOUT, raft.change_membership(change, false))
+            .await
+            .map_err(|_| Error::Timeout("changing the controller group's membership".into()))?
+            .map_err(Error::unavailable)?;
         Ok(())
     }
 
@@ -2526,16 +2525,20 @@ const STOP_HANDOFF_WAIT: Duration = Duration::from_secs(3);
 /// answered within `ack_fresh`, the one with the most matched log.
 fn successor(m: &crate::types::RaftMetrics, ack_fresh: Duration) -> Option<ReplicaId> {
     let membership = m.membership_config.membership();
-    let answered = |replica: &ReplicaId| {
-        m.heartbeat
-            .as_ref()
-            .and_then(|h| h.get(replica).cloned().flatten())
-            .is_some_and(|acked| openraft::Instant::elapsed(&*acked) <= ack_fresh)
-    };
-    let matched = |replica: &ReplicaId| {
-        m.replication.as_ref().and_then(|r| r.get(replica).cloned().flatten()).map(|log_id| log_id.index)
-    };
-    membership.voter_ids().filter(|v| *v != m.id && answered(v)).max_by_key(|v| matched(v))
+    membership.voter_ids().filter(|v| *v != m.id && answered_within(m, *v, ack_fresh)).max_by_key(|v| matched(m, *v))
+}
+
+/// Whether `replica` acknowledged the leader of metrics `m` within `fresh`.
+fn answered_within(m: &crate::types::RaftMetrics, replica: ReplicaId, fresh: Duration) -> bool {
+    m.heartbeat
+        .as_ref()
+        .and_then(|h| h.get(&replica).cloned().flatten())
+        .is_some_and(|acked| openraft::Instant::elapsed(&*acked) <= fresh)
+}
+
+/// The log index the leader of metrics `m` knows `replica` has, when it knows one.
+fn matched(m: &crate::types::RaftMetrics, replica: ReplicaId) -> Option<u64> {
+    m.replication.as_ref().and_then(|r| r.get(&replica).cloned().flatten()).map(|log_id| log_id.index)
 }
 
 /// How far behind the leader's log a learner may be and still become a controller voter: a
@@ -2555,23 +2558,15 @@ fn promotions(
     wanted: usize,
     ack_fresh: Duration,
 ) -> Vec<NodeId> {
-    let answered = |id: &NodeId| {
-        m.heartbeat
-            .as_ref()
-            .and_then(|h| h.get(id).cloned().flatten())
-            .is_some_and(|acked| openraft::Instant::elapsed(&*acked) <= ack_fresh)
-    };
-    let matched = |id: &NodeId| {
-        m.replication.as_ref().and_then(|r| r.get(id).cloned().flatten()).map_or(0, |log_id| log_id.index)
-    };
-    let caught_up = |id: &NodeId| matched(id) + PROMOTION_LAG_MAX >= m.last_log_index.unwrap_or(0);
+    let matched = |id: NodeId| matched(m, id).unwrap_or(0);
+    let caught_up = |id: NodeId| matched(id) + PROMOTION_LAG_MAX >= m.last_log_index.unwrap_or(0);
     let mut learners: Vec<NodeId> = m
         .membership_config
         .membership()
         .learner_ids()
-        .filter(|id| !removed.contains(id) && answered(id) && caught_up(id))
+        .filter(|id| !removed.contains(id) && answered_within(m, *id, ack_fresh) && caught_up(*id))
         .collect();
-    learners.sort_by_key(|id| (std::cmp::Reverse(matched(id)), *id));
+    learners.sort_by_key(|id| (std::cmp::Reverse(matched(*id)), *id));
     learners.truncate(wanted.saturating_sub(kept));
     if (kept + learners.len()).is_multiple_of(2) && kept + learners.len() < wanted {
         learners.pop();
