@@ -26,6 +26,8 @@ use crate::tls::TlsError;
 pub const FORWARDED_HEADER: &str = "x-kv-forwarded";
 /// How long a learned leader is trusted for routing.
 const LEADER_CACHE_TTL: Duration = Duration::from_secs(2);
+/// Longest a node's status call takes before the node counts as not answering.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a write waits for an election to finish before answering 503.
 pub const LEADER_WAIT: Duration = Duration::from_secs(8);
 
@@ -159,7 +161,7 @@ impl Router {
         route
     }
 
-    /// Status of the given nodes (those that answer within a second).
+    /// Status of the given nodes (those that answer within [`STATUS_TIMEOUT`]).
     pub async fn statuses(&self, nodes: impl IntoIterator<Item = NodeId>) -> Vec<pb::StatusResponse> {
         let cluster = self.node.cluster();
         let mut calls = Vec::new();
@@ -176,8 +178,10 @@ impl Router {
             calls.push(tokio::spawn(async move {
                 let mut client = pool.client(&addr).ok()?;
                 let mut request = tonic::Request::new(pb::StatusRequest {});
-                request.set_timeout(Duration::from_secs(1));
-                client.status(request).await.ok().map(|r| r.into_inner())
+                request.set_timeout(STATUS_TIMEOUT);
+                // The header bounds the call on the server; a paused node never reads it.
+                let answer = tokio::time::timeout(STATUS_TIMEOUT, client.status(request)).await.ok()?;
+                answer.ok().map(|r| r.into_inner())
             }));
         }
         let mut out = Vec::new();
