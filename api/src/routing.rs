@@ -179,7 +179,8 @@ impl Router {
                 let mut client = pool.client(&addr).ok()?;
                 let mut request = tonic::Request::new(pb::StatusRequest {});
                 request.set_timeout(STATUS_TIMEOUT);
-                // The header bounds the call on the server; a paused node never reads it.
+                // tonic's channel bounds the call by its `grpc-timeout` header as well; this
+                // bound holds whatever the transport does with the header.
                 let answer = tokio::time::timeout(STATUS_TIMEOUT, client.status(request)).await.ok()?;
                 answer.ok().map(|r| r.into_inner())
             }));
