@@ -225,6 +225,14 @@ async fn create_topic(State(s): State<AppState>, body: Bytes) -> Result<Response
     let answering: std::collections::HashSet<u64> =
         s.router.statuses(registered.iter().copied()).await.iter().map(|st| st.node_id).collect();
     let down_nodes: Vec<u64> = registered.into_iter().filter(|n| !answering.contains(n)).collect();
+    // Which nodes the placement went around, and what this node knew: a replica placed on a
+    // node that had stopped answering is explained by this line.
+    tracing::info!(
+        topic = %req.name,
+        registered = answering.len() + down_nodes.len(),
+        ?down_nodes,
+        "placing a new topic's replicas on the registered nodes that answered"
+    );
     let cmd = pb::ControllerCommand {
         kind: Some(pb::controller_command::Kind::CreateTopic(pb::CreateTopic {
             name: req.name.clone(),
@@ -1497,7 +1505,6 @@ async fn metrics(State(s): State<AppState>) -> Response {
         ),
         ("logdex_raft_log_fsyncs_total", "fsyncs of the Raft log (one serves every group).", &sync.fsyncs),
         ("logdex_raft_log_flush_requests_total", "Appends and votes made durable by those fsyncs.", &sync.requests),
-        ("logdex_raft_log_fsync_microseconds_total", "Time spent in Raft log fsyncs.", &sync.fsync_micros),
         (
             "logdex_raft_log_loaded_lingers_total",
             "fsyncs that first waited --group-commit-wait-us for more appends, as many writes of several partitions were waiting on the node.",
@@ -1507,6 +1514,13 @@ async fn metrics(State(s): State<AppState>) -> Response {
         let _ =
             writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{node=\"{node}\"}} {}", v.load(Relaxed));
     }
+    // Prometheus's base unit: seconds, counted in microseconds.
+    let name = "logdex_raft_log_fsync_seconds_total";
+    let fsync_seconds = sync.fsync_micros.load(Relaxed) as f64 / 1e6;
+    let _ = writeln!(
+        out,
+        "# HELP {name} Time spent in Raft log fsyncs.\n# TYPE {name} counter\n{name}{{node=\"{node}\"}} {fsync_seconds}"
+    );
     let records = s.router.node.record_cache();
     let ((hits, misses), (bytes, capacity)) = (records.hits_and_misses(), records.bytes_and_capacity());
     for (name, kind, help, v) in [

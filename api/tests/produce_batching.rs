@@ -176,3 +176,36 @@ async fn keyless_records_pass_over_partitions_without_a_leader() -> TestResult {
     nodes.node_1.shutdown().await;
     Ok(())
 }
+
+/// The value of the series `name` of `/metrics` (one node, one series).
+async fn metric(http: &reqwest::Client, url: &str, name: &str) -> TestResult<f64> {
+    let text = http.get(format!("{url}/metrics")).send().await?.text().await?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("{name}{{")))
+        .ok_or_else(|| format!("no series {name} in /metrics"))?;
+    let value = line.rsplit(' ').next().ok_or("a series without a value")?;
+    Ok(value.parse()?)
+}
+
+/// The Raft log's fsync time is exported in Prometheus's base unit, seconds: after writes,
+/// more than nothing and less than a second per fsync (an fsync takes microseconds to
+/// milliseconds; the same count in microseconds would be a million times larger).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_raft_log_fsync_time_is_exported_in_seconds() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let http = reqwest::Client::new();
+    let (node, url) = common::start_node(dir.path(), &[]).await?;
+    let created = http.post(format!("{url}/topics")).body(r#"{"name":"t","replication_factor":1}"#).send().await?;
+    assert_eq!(created.status(), 201);
+    for k in 0..20 {
+        let put = http.put(format!("{url}/kv/t/key-{k}")).body("v").send().await?;
+        assert_eq!(put.status(), 200);
+    }
+    let fsyncs = metric(&http, &url, "logdex_raft_log_fsyncs_total").await?;
+    let seconds = metric(&http, &url, "logdex_raft_log_fsync_seconds_total").await?;
+    assert!(fsyncs >= 1.0, "fsyncs {fsyncs}");
+    assert!(seconds > 0.0 && seconds < fsyncs, "{seconds} s over {fsyncs} fsyncs");
+    node.shutdown().await;
+    Ok(())
+}
