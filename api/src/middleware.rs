@@ -142,7 +142,9 @@ fn admit(g: &Guard, request: &Request, route: &str) -> Result<(), ApiError> {
         g.check_token(request.headers().get("authorization").and_then(|v| v.to_str().ok()))?;
     }
     let forwarded = request.headers().contains_key(crate::routing::FORWARDED_HEADER);
-    if route == LOOKUP_ROUTE && request.method() == axum::http::Method::GET && !forwarded {
+    // A HEAD is a lookup too: it answers whether the key exists, and its offset, in headers.
+    let lookup = matches!(*request.method(), axum::http::Method::GET | axum::http::Method::HEAD);
+    if route == LOOKUP_ROUTE && lookup && !forwarded {
         let ip = request.extensions().get::<ConnectInfo<crate::tls::ClientAddr>>().map(|c| c.0.0.ip());
         g.check_lookup_rate(ip)?;
     }

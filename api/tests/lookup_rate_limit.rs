@@ -54,6 +54,16 @@ async fn lookups_beyond_the_per_client_rate_answer_429_and_writes_are_not_limite
     let again = http.get(format!("{url}/kv/limited/k0")).send().await?;
     assert_eq!(again.status(), 200);
 
+    // A HEAD is a lookup (its headers say whether the key exists, and where): the same budget.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut heads = Vec::new();
+    for i in 0..4 * RATE {
+        heads.push(http.head(format!("{url}/kv/limited/k{}", i % RATE)).send().await?.status().as_u16());
+    }
+    let ok = heads.iter().filter(|s| **s == 200).count();
+    assert!(ok >= RATE as usize && ok < heads.len(), "HEAD lookups past the rate are refused: {heads:?}");
+    assert!(heads.iter().all(|s| *s == 200 || *s == 429), "{heads:?}");
+
     // gRPC `Get`s draw on the same per-client budget: RESOURCE_EXHAUSTED past it.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let mut client = LogdexClient::connect(format!("http://{}", node.rpc_addr)).await?;
