@@ -349,6 +349,21 @@ mod tests {
         Ok(())
     }
 
+    /// A listen address may name its host, as `--peers` and `--join` may: it is resolved at
+    /// start; a malformed one is refused with the reason.
+    #[test]
+    fn listen_addresses_take_a_host_name() -> Result<(), Box<dyn std::error::Error>> {
+        let cli = Cli::try_parse_from(["logdex", "serve", "--http-addr", "localhost:0", "--rpc-addr", "[::1]:7"])?;
+        let Some(Command::Serve(serve)) = cli.command else { return Err("not serve".into()) };
+        assert!(serve.http_addr.ip().is_loopback(), "{}", serve.http_addr);
+        assert_eq!(serve.rpc_addr.to_string(), "[::1]:7");
+        for bad in ["localhost", "localhost:http", ":1"] {
+            let refused = Cli::try_parse_from(["logdex", "serve", "--http-addr", bad]).err().ok_or(bad)?;
+            assert!(refused.to_string().contains(bad), "{refused}");
+        }
+        Ok(())
+    }
+
     #[test]
     fn client_flags_before_the_command_are_taken() -> Result<(), Box<dyn std::error::Error>> {
         let parse = |args: &[&str]| {

@@ -35,11 +35,11 @@ pub struct ServeArgs {
     /// Directory holding this node's data.
     #[arg(long, env = "LOGDEX_DATA_DIR", default_value = "./logdex-data")]
     pub data_dir: PathBuf,
-    /// HTTP listen address.
-    #[arg(long, env = "LOGDEX_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+    /// HTTP listen address, IP:PORT or HOST:PORT (a name is resolved once, at start).
+    #[arg(long, env = "LOGDEX_HTTP_ADDR", default_value = "127.0.0.1:8080", value_parser = parse_listen_address)]
     pub http_addr: SocketAddr,
-    /// Node-to-node RPC listen address.
-    #[arg(long, env = "LOGDEX_RPC_ADDR", default_value = "127.0.0.1:9090")]
+    /// Node-to-node RPC listen address, IP:PORT or HOST:PORT (a name is resolved once, at start).
+    #[arg(long, env = "LOGDEX_RPC_ADDR", default_value = "127.0.0.1:9090", value_parser = parse_listen_address)]
     pub rpc_addr: SocketAddr,
     /// HTTP address other nodes and clients use for this node, host:port (default: --http-addr).
     #[arg(long, env = "LOGDEX_ADVERTISE_HTTP_ADDR", value_parser = parse_address)]
@@ -262,6 +262,25 @@ fn check_own_peer_entry(node_id: u64, peers: &[(u64, String)], rpc_addr: &str) -
 /// `addr` if it is `host:port` (a name, an IPv4 address or a bracketed IPv6 one).
 fn parse_address(addr: &str) -> Result<String, String> {
     check_address(addr).map(|()| addr.to_string())
+}
+
+/// A listen address: `IP:PORT`, or `HOST:PORT` resolved once, at start, to the name's first
+/// IPv4 address if it has one (`localhost` then listens on 127.0.0.1, which clients that try
+/// ::1 first fall back to), else its first address.
+fn parse_listen_address(addr: &str) -> Result<SocketAddr, String> {
+    if let Ok(ip) = addr.parse() {
+        return Ok(ip);
+    }
+    check_address(addr)?;
+    let resolved: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(addr)
+        .map_err(|e| format!("cannot resolve listen address {addr:?}: {e}"))?
+        .collect();
+    resolved
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(resolved.first())
+        .copied()
+        .ok_or_else(|| format!("listen address {addr:?} resolves to no address"))
 }
 
 /// Checks that `addr` is `host:port` (a name, an IPv4 address or a bracketed IPv6 one).
