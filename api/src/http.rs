@@ -1068,7 +1068,7 @@ pub(crate) async fn lookup(s: &AppState, r: LookupRequest<'_>) -> Result<Lookup,
         return Ok(Lookup::Elsewhere { group: p.group_id, targets: s.router.read_targets(p).await });
     };
     if let Some(min) = r.min_offset {
-        let wait = s.limits.min_offset_wait_max.min(Duration::from_secs(1));
+        let wait = s.limits.min_offset_wait_max.min(crate::routing::MIN_OFFSET_WAIT);
         s.router.node.wait_high_watermark(&hosted, min, wait).await.map_err(ApiError::from)?;
     }
     match s.router.node.read_key(p.group_id, r.key, r.mode).await {
@@ -1124,7 +1124,8 @@ async fn get_key(
     let (partition, hw, read) = match lookup(&s, request).await? {
         Lookup::Here { partition, high_watermark, read } => (partition, high_watermark, read),
         Lookup::Elsewhere { group, targets } => {
-            return s.router.redirect_read(group, &targets, hop, &path_and_query(uri), headers).await;
+            let per_target = crate::routing::forwarded_read_timeout(mode, q.min_offset.is_some());
+            return s.router.redirect_read(group, &targets, hop, per_target, &path_and_query(uri), headers).await;
         }
     };
     let node_id = s.router.node.node_id();
@@ -1246,7 +1247,8 @@ async fn fetch_records(
     let hop = hop(&s, &headers, &q);
     let Some(hosted) = s.router.node.group(p.group_id) else {
         let targets = s.router.read_targets(p).await;
-        return s.router.redirect_read(p.group_id, &targets, hop, &path_and_query(&uri), &headers).await;
+        let per_target = crate::routing::forwarded_read_timeout(mode, false);
+        return s.router.redirect_read(p.group_id, &targets, hop, per_target, &path_and_query(&uri), &headers).await;
     };
     s.router.node.read_barrier(&hosted, mode).await?;
     let hw = hosted.partition.high_watermark();

@@ -14,6 +14,7 @@ use axum::response::Response;
 use logdex_raft::controller::PartitionRecord;
 use logdex_raft::node::HostedGroup;
 use logdex_raft::node::Node;
+use logdex_raft::node::ReadMode;
 use logdex_raft::pb;
 use logdex_raft::types::GroupId;
 use logdex_raft::types::NodeId;
@@ -58,10 +59,26 @@ pub struct Hop {
     pub forward: bool,
 }
 
-/// How long a forwarded read waits for its target's answer before it goes to the next replica.
-/// A read that a node can serve takes milliseconds; those that wait by design wait less: a
-/// `min_offset` read about a second, a follower's read index at most 2 s.
+/// How long a forwarded `linearizable` or `strict` read waits for its target's answer before
+/// it goes to the next replica. A read that a node can serve takes milliseconds; those that
+/// wait by design wait less: a `min_offset` read about a second, a follower's read index at
+/// most 2 s.
 pub const FORWARDED_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// The same for a `follower` read, which its target serves from its own state at once (after
+/// a `min_offset` wait of at most [`MIN_OFFSET_WAIT`]): a target silent for longer is
+/// paused or cut off, and the next replica answers sooner.
+pub const FORWARDED_FOLLOWER_READ_TIMEOUT: Duration = Duration::from_millis(1500);
+/// The longest a read with `min_offset` waits for its replica's high watermark to pass it.
+pub const MIN_OFFSET_WAIT: Duration = Duration::from_secs(1);
+
+/// How long a forwarded read in `mode` waits for one target (see [`FORWARDED_READ_TIMEOUT`]).
+pub fn forwarded_read_timeout(mode: ReadMode, min_offset: bool) -> Duration {
+    match mode {
+        ReadMode::Follower if min_offset => FORWARDED_FOLLOWER_READ_TIMEOUT + MIN_OFFSET_WAIT,
+        ReadMode::Follower => FORWARDED_FOLLOWER_READ_TIMEOUT,
+        ReadMode::Linearizable | ReadMode::Strict => FORWARDED_READ_TIMEOUT,
+    }
+}
 /// How long a read forwarded to the replicas of a group takes at most in all, however many
 /// it tries: as long as a replica asked directly waits for a leader (8 s with the default
 /// timeouts, as a write does: [`LEADER_WAIT`]), and a second for the hops.
@@ -193,7 +210,7 @@ impl Router {
     /// first (503 when a forwarded read reached this node, or when there is no target). A target whose node refuses the
     /// connection was not asked, and a read has no effect, so the next one is tried.
     ///
-    /// A target that has not answered within [`FORWARDED_READ_TIMEOUT`] is given up too (a
+    /// A target that has not answered within `per_target` ([`forwarded_read_timeout`]) is given up too (a
     /// paused or hung node takes the connection and never answers), and the read goes to the
     /// next one, within [`FORWARDED_READ_BUDGET`] in all; when none answered, 503 with
     /// Retry-After, as a replica that waited as long for a leader answers.
@@ -202,6 +219,7 @@ impl Router {
         group: GroupId,
         targets: &[NodeId],
         hop: Hop,
+        per_target: Duration,
         path_and_query: &str,
         headers: &HeaderMap,
     ) -> Result<Response, ApiError> {
@@ -210,7 +228,7 @@ impl Router {
         let mut given_up: Vec<String> = Vec::new();
         let deadline = tokio::time::Instant::now() + FORWARDED_READ_BUDGET;
         for &target in targets {
-            let limit = FORWARDED_READ_TIMEOUT.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            let limit = per_target.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
             if limit.is_zero() {
                 break;
             }

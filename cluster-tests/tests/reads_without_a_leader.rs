@@ -6,6 +6,11 @@
 //! waits for a leader, naming each replica it tried. (It used to answer 504 after trying every
 //! replica for 5 s each.)
 //!
+//! A `follower` read through a node without a replica, while the replica it would try first
+//! (the leader) is paused, is answered by another replica after at most 1.5 s on the paused
+//! one: a follower read is served at once from a replica's state, so the target is given up
+//! sooner than a `linearizable` read's 5 s.
+//!
 //! A read waiting for a leader when its topic is deleted answers 404 `topic_not_found` once
 //! its node applied the deletion, not 503 once its wait for a leader ran out.
 
@@ -46,6 +51,39 @@ async fn a_read_through_a_node_without_a_replica_answers_503_when_no_replica_can
         let fetch = api.fetch(&url, "two", 0, 0, 10).await?;
         check_unavailable("fetch", &fetch, started.elapsed(), &replicas)?;
         cluster.resume_all()?;
+        Ok(())
+    }
+    .await;
+    let _ = cluster.resume_all();
+    cluster.finish(outcome)
+}
+
+/// Within the 5 s a `linearizable` read gives each target, with room for this machine.
+const FOLLOWER_ANSWER_WITHIN: Duration = Duration::from_secs(4);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_read_through_a_node_without_a_replica_passes_over_a_paused_leader_quickly() -> Result<()> {
+    let cluster = Cluster::start(3).await?;
+    let outcome = async {
+        let api = cluster.api();
+        api.create_topic(&cluster.url(1), &TopicSpec::compacted("two", 1, 2)).await?.expect_status(201)?;
+        let described = cluster.wait_for_leaders("two", Duration::from_secs(20)).await?;
+        let partition = &described.partitions[0];
+        let leader = partition.leader.ok_or_else(|| Error::Check("no leader".into()))?;
+        let other = partition.replicas.iter().copied().find(|id| *id != leader).ok_or(Error::Check("RF 2".into()))?;
+        let outsider = (1..=3).find(|id| !partition.replicas.contains(id)).unwrap_or(3);
+        let url = cluster.url(outsider);
+        api.put(&url, "two", b"k", b"v").await?.expect_status(200)?;
+        // The outsider has just seen the leader answer: it tries the leader first.
+        api.get(&url, "two", b"k", &Read::follower()).await?.expect_status(200)?;
+        cluster.pause(leader)?;
+        let started = Instant::now();
+        let lookup = api.get(&url, "two", b"k", &Read::follower()).await?;
+        let took = started.elapsed();
+        cluster.resume(leader)?;
+        ensure_eq!(lookup.status, 200, "follower lookup with the leader paused: {}", lookup.summary());
+        ensure_eq!(lookup.header("x-kv-node"), Some(other.to_string().as_str()), "{}", lookup.summary());
+        ensure!(took <= FOLLOWER_ANSWER_WITHIN, "the follower lookup took {took:?}");
         Ok(())
     }
     .await;
