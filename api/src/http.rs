@@ -1067,6 +1067,9 @@ pub(crate) async fn lookup(s: &AppState, r: LookupRequest<'_>) -> Result<Lookup,
     let Some(hosted) = s.router.node.group(p.group_id) else {
         return Ok(Lookup::Elsewhere { group: p.group_id, targets: s.router.read_targets(p).await });
     };
+    if r.mode == ReadMode::Follower && !s.router.node.serves_follower_reads(&hosted) {
+        return Ok(Lookup::Elsewhere { group: p.group_id, targets: voter_targets(s, p).await? });
+    }
     if let Some(min) = r.min_offset {
         let wait = s.limits.min_offset_wait_max.min(crate::routing::MIN_OFFSET_WAIT);
         s.router.node.wait_high_watermark(&hosted, min, wait).await.map_err(ApiError::from)?;
@@ -1103,6 +1106,17 @@ pub(crate) async fn lookup(s: &AppState, r: LookupRequest<'_>) -> Result<Lookup,
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// Where a `follower` read goes from a replica that does not serve them (a move's new
+/// replica, still a learner): the partition's other replicas, best first.
+async fn voter_targets(s: &AppState, p: &PartitionRecord) -> Result<Vec<u64>, ApiError> {
+    let me = s.router.node.node_id();
+    let targets: Vec<u64> = s.router.read_targets(p).await.into_iter().filter(|t| *t != me).collect();
+    if targets.is_empty() {
+        return Err(ApiError::Unavailable("this replica is still catching up and no other replica is known".into()));
+    }
+    Ok(targets)
 }
 
 /// `GET /kv/{topic}/{key}`. Takes the whole request so its URI and headers are borrowed,
@@ -1245,11 +1259,15 @@ async fn fetch_records(
     let max_records = q.max_records.unwrap_or(500).clamp(1, s.limits.fetch_records_max);
     let max_bytes = q.max_bytes.unwrap_or(1024 * 1024).clamp(1, s.limits.fetch_bytes_max);
     let hop = hop(&s, &headers, &q);
+    let per_target = crate::routing::forwarded_read_timeout(mode, false);
     let Some(hosted) = s.router.node.group(p.group_id) else {
         let targets = s.router.read_targets(p).await;
-        let per_target = crate::routing::forwarded_read_timeout(mode, false);
         return s.router.redirect_read(p.group_id, &targets, hop, per_target, &path_and_query(&uri), &headers).await;
     };
+    if mode == ReadMode::Follower && !s.router.node.serves_follower_reads(&hosted) {
+        let targets = voter_targets(&s, p).await?;
+        return s.router.redirect_read(p.group_id, &targets, hop, per_target, &path_and_query(&uri), &headers).await;
+    }
     s.router.node.read_barrier(&hosted, mode).await?;
     let hw = hosted.partition.high_watermark();
     let records = s.router.node.read_records(&hosted, offset, max_records, max_bytes).await?;

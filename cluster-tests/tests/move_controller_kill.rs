@@ -430,3 +430,99 @@ async fn keep_a_down_replica(cluster: &mut Cluster) -> Result<()> {
     }
     Ok(())
 }
+
+/// A move's new replica is a learner, empty until the leader's snapshot reaches it: it sends
+/// `follower` reads to a voter (421 naming one with `forward=false`) rather than answer from
+/// its empty state (404 for a key the partition has had all along, seen by a black-box probe
+/// for a few milliseconds of each move). The link between the partition's leader and the new
+/// replica's node is cut so the replica stays empty; once healed, the move completes and the
+/// new replica, a voter now, answers itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moves_new_replica_sends_follower_reads_to_a_voter_until_it_is_one() -> Result<()> {
+    let cluster = Cluster::start_with(ClusterOptions { proxy: true, ..ClusterOptions::plain(3) }).await?;
+    let outcome = new_replica_follower_reads(&cluster).await;
+    if let Some(proxy) = cluster.proxy() {
+        proxy.heal();
+    }
+    cluster.finish(outcome)
+}
+
+async fn new_replica_follower_reads(cluster: &Cluster) -> Result<()> {
+    let api = cluster.api().clone();
+    let topic = "fr";
+    api.create_topic(&cluster.url(1), &TopicSpec::compacted(topic, 3, 1)).await?.expect_status(201)?;
+    let described = cluster.wait_for_leaders(topic, Duration::from_secs(20)).await?;
+    let view: Value = api.cluster(&cluster.url(1)).await?.json()?;
+    let controller =
+        view["controller_leader"].as_u64().ok_or_else(|| Error::Check(format!("no controller leader: {view}")))?;
+    // A partition on a node that does not lead the controller, moved to add the third node:
+    // the controller still reaches both while the link between them is cut.
+    let p = described
+        .partitions
+        .iter()
+        .find(|p| p.replicas.first().is_some_and(|r| *r != controller))
+        .ok_or_else(|| Error::Check("every partition on the controller leader".into()))?;
+    let (partition, first) = (p.partition, p.replicas[0]);
+    let target = (1..=3).find(|n| *n != first && *n != controller).ok_or(Error::Check("three nodes".into()))?;
+    let produced = api
+        .request(
+            reqwest::Method::POST,
+            &format!("{}/topics/{topic}/records", cluster.url(first)),
+            Some(Body::Json(json!({"records": [{"key": "k", "value": "v", "partition": partition}]}))),
+        )
+        .await?;
+    produced.expect_status(200)?;
+    let proxy = cluster.proxy().ok_or_else(|| Error::Check("no proxy".into()))?;
+    proxy.set_pair(first, target, logdex_cluster_tests::proxy::Fault::Cut);
+    let moved = api
+        .request(
+            reqwest::Method::PUT,
+            &format!("{}/topics/{topic}/partitions/{partition}/replicas", cluster.url(controller)),
+            Some(Body::Json(json!({ "replicas": [first, target] }))),
+        )
+        .await?;
+    ensure!(moved.status == 202 || moved.status == 200, "move answered {}", moved.summary());
+    // The new replica has started on its node once that node's metrics name it.
+    let series = format!("topic=\"{topic}\",partition=\"{partition}\"");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !api.get_url(&format!("{}/metrics", cluster.url(target))).await?.text().contains(&series) {
+        ensure!(Instant::now() < deadline, "no replica of partition {partition} started on node {target}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let url = cluster.url(target);
+    let read = Read::follower().partition(partition);
+    // With `forward=false`: 421 naming the voter, or 503 as here, where the proxy keeps this
+    // node's status call from reaching it; never the empty replica's own 404.
+    let here = api.get(&url, topic, b"k", &read.clone().forward(false)).await?;
+    ensure!(here.status == 503 || here.status == 421, "follower read on the new, empty replica: {}", here.summary());
+    // Forwarded (over HTTP, which the proxy does not carry), the voter answers.
+    let forwarded = api.get(&url, topic, b"k", &read).await?;
+    forwarded.expect_status(200)?;
+    ensure_eq!(forwarded.text(), "v", "{}", forwarded.summary());
+    ensure_eq!(forwarded.header("x-kv-node"), Some(first.to_string().as_str()), "{}", forwarded.summary());
+    let fetch_url = format!("{url}/topics/{topic}/partitions/{partition}/records?offset=0&read=follower&forward=false");
+    let fetched = api.get_url(&fetch_url).await?;
+    ensure!(
+        fetched.status == 503 || fetched.status == 421,
+        "follower fetch on the new, empty replica: {}",
+        fetched.summary()
+    );
+
+    proxy.heal();
+    let deadline = Instant::now() + MOVE_DEADLINE;
+    loop {
+        let d: Value = api.describe(&cluster.url(controller), topic).await?.json()?;
+        let p = &d["partitions"][partition as usize];
+        let replicas: Vec<u64> = p["replicas"].as_array().into_iter().flatten().filter_map(Value::as_u64).collect();
+        if p.get("move").is_none() && replicas.len() == 2 {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "move of partition {partition} not complete: {p}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let served = api.get(&url, topic, b"k", &Read::follower().partition(partition).forward(false)).await?;
+    served.expect_status(200)?;
+    ensure_eq!(served.text(), "v", "{}", served.summary());
+    ensure_eq!(served.header("x-kv-node"), Some(target.to_string().as_str()), "{}", served.summary());
+    Ok(())
+}
