@@ -313,7 +313,11 @@ impl Index {
             let shared = &shard.shared;
             shared.persist()?;
             for keyspace in [&shared.data, &shared.meta] {
-                keyspace.rotate_memtable_and_wait().map_err(fjall_err("compact", None))?;
+                let flushed = crate::maintenance::seal_and_wait_flushed(keyspace, crate::maintenance::FLUSH_WAIT_MAX)
+                    .map_err(fjall_err("compact", None))?;
+                if !flushed {
+                    tracing::warn!(path = %shared.path.display(), "index memtable not flushed in time; compacting the tables without it");
+                }
             }
             shared.data.major_compact().map_err(fjall_err("compact", None))?;
         }

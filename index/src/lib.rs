@@ -36,6 +36,7 @@ pub use config::IndexConfig;
 pub use error::{Error, Result};
 pub use index::{Index, IndexStats};
 pub use layout::SHARDS_MAX;
+pub use maintenance::{FLUSH_WAIT_MAX, seal_and_wait_flushed};
 
 /// One partition replica on this node (its replica id). Never reused on a
 /// node, but the index stays correct if it is: a dropped group's entries are

@@ -98,6 +98,29 @@ fn tick(idle_flush_ms: u64, gc_sync_interval_ms: u64) -> Duration {
 
 const META_SEAL_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How long a compaction waits for a sealed memtable's flush before it goes on.
+pub const FLUSH_WAIT_MAX: Duration = Duration::from_secs(10);
+
+/// Seals `keyspace`'s active memtable and waits, at most `bound`, until fjall's workers have
+/// flushed every sealed memtable of it; false if they had not by then.
+///
+/// fjall's `rotate_memtable_and_wait` waits without a bound (for its flush queue to empty,
+/// then for the sealed memtables to go), and was seen waiting for ever with its workers idle,
+/// holding up the compaction after a topic delete. A caller that stops waiting loses
+/// nothing: the memtable is sealed and journaled, and the next flush of the keyspace (any
+/// later rotation, as the idle flush makes) takes every sealed memtable along.
+pub fn seal_and_wait_flushed(keyspace: &fjall::Keyspace, bound: Duration) -> fjall::Result<bool> {
+    keyspace.rotate_memtable()?;
+    let deadline = Instant::now() + bound;
+    while keyspace.sealed_memtable_count() > 0 {
+        if Instant::now() >= deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(true)
+}
+
 fn run(shared: &Shared, stop: &Stop, tick: Duration) {
     let mut last_promotion = Instant::now();
     let mut last_meta_seal = Instant::now();
@@ -136,6 +159,22 @@ fn run(shared: &Shared, stop: &Stop, tick: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The bounded seal waits for the flush it starts: the keyspace's entry is in a table
+    /// after it, and no sealed memtable is left.
+    #[test]
+    fn sealing_waits_until_the_sealed_memtable_is_flushed() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let db = fjall::Database::builder(dir.path()).open()?;
+        let keyspace = db.keyspace("t", fjall::KeyspaceCreateOptions::default)?;
+        keyspace.insert("k", "v")?;
+        assert_eq!(keyspace.table_count(), 0);
+        assert!(seal_and_wait_flushed(&keyspace, Duration::from_secs(60))?);
+        assert_eq!(keyspace.sealed_memtable_count(), 0);
+        assert_eq!(keyspace.table_count(), 1);
+        assert_eq!(keyspace.get("k")?.as_deref(), Some(&b"v"[..]));
+        Ok(())
+    }
 
     #[test]
     fn tick_follows_the_shortest_interval_within_bounds() {

@@ -205,12 +205,21 @@ impl RaftLogDb {
     /// twice, apart; the tables it replaced are deleted at the next flush (fjall drops
     /// replaced table versions then), which a tombstone of [`RECLAIM_KEY`] provides.
     pub fn compact(&self) -> crate::Result<()> {
-        self.ks.rotate_memtable_and_wait()?;
+        self.flush_memtable()?;
         self.ks.major_compact()?;
         std::thread::sleep(COMPACT_RETRY_PAUSE);
         self.ks.major_compact()?;
         self.ks.remove(RECLAIM_KEY)?;
-        self.ks.rotate_memtable_and_wait()?;
+        self.flush_memtable()?;
+        Ok(())
+    }
+
+    /// Seals the memtable and waits (bounded) for its flush; see
+    /// [`logdex_index::seal_and_wait_flushed`] for why not fjall's unbounded wait.
+    fn flush_memtable(&self) -> crate::Result<()> {
+        if !logdex_index::seal_and_wait_flushed(&self.ks, logdex_index::FLUSH_WAIT_MAX)? {
+            tracing::warn!("raft log memtable not flushed in time; compacting the tables without it");
+        }
         Ok(())
     }
 

@@ -2233,7 +2233,6 @@ impl Node {
         Ok(())
     }
 
-    /// Looks a key up on the hosted replica after the read barrier of `mode`.
     /// Whether this replica answers `follower` reads: it is a voter of its group. A learner is
     /// a move's new replica still catching up, empty until its snapshot arrives, so its state
     /// may lack records its partition has had for long; its `follower` reads go to a voter
@@ -2243,6 +2242,7 @@ impl Node {
         m.membership_config.membership().voter_ids().any(|v| v == m.id)
     }
 
+    /// Looks a key up on the hosted replica after the read barrier of `mode`.
     pub async fn read_key(&self, group: GroupId, key: &[u8], mode: ReadMode) -> Result<(KeyRead, u64)> {
         let hosted = self.group(group).ok_or(Error::NotHosted { group })?;
         self.read_barrier(&hosted, mode).await?;
