@@ -203,13 +203,13 @@ fn within(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
 }
 
 /// `topic` when it can name a topic (Kafka's rules: letters, digits, '.', '_', '-'), else the
-/// `topic_not_found` HTTP answers for a name no topic has. Only such a name goes into the path
-/// of an in-process request, so no name can reach another route, key or query. Whether the
-/// topic exists is the router's answer, after its authentication.
+/// `invalid_topic` HTTP answers for such a name. Only a valid name goes into the path of an
+/// in-process request, so no name can reach another route, key or query. Whether the topic
+/// exists is the router's answer, after its authentication.
 fn topic_segment(topic: &str) -> Result<&str, Status> {
     logdex_raft::controller::validate_topic_name(topic)
         .map(|()| topic)
-        .map_err(|_| status_of_error(&ApiError::TopicNotFound(topic.to_string())))
+        .map_err(|m| status_of_error(&ApiError::bad("invalid_topic", m)))
 }
 
 struct Answer {

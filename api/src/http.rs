@@ -10,6 +10,7 @@ use axum::Json;
 use axum::Router as AxumRouter;
 use axum::body::Bytes;
 use axum::extract::DefaultBodyLimit;
+use axum::extract::FromRequestParts;
 use axum::extract::Path;
 use axum::extract::Query;
 use axum::extract::State;
@@ -297,10 +298,49 @@ pub(crate) fn topic(s: &AppState, name: &str) -> Result<Arc<TopicRecord>, ApiErr
     if let Some(t) = cluster.topics.get(name) {
         return Ok(t.clone());
     }
+    // A name no topic can have is bad input, as `POST /topics` says of it.
+    check_topic_name(name)?;
     if !cluster.nodes.contains_key(&s.router.node.node_id()) {
         return Err(not_joined(s));
     }
     Err(ApiError::TopicNotFound(name.to_string()))
+}
+
+/// 400 `invalid_topic` for a name that breaks Kafka's rules.
+fn check_topic_name(name: &str) -> Result<(), ApiError> {
+    logdex_raft::controller::validate_topic_name(name).map_err(|m| ApiError::bad("invalid_topic", m))
+}
+
+/// The `{topic}` (and `{partition}`) segments of a path, percent-decoded. A segment that does
+/// not decode to UTF-8 is `invalid_topic` or `invalid_partition` by its name, as the same topic
+/// in a `/kv/` path is, where axum's own answer would be an `invalid_request` of its wording.
+struct Segments<T>(T);
+
+impl<T, S> FromRequestParts<S> for Segments<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, ApiError> {
+        use axum::extract::path::ErrorKind;
+        use axum::extract::rejection::PathRejection;
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(segments)) => Ok(Segments(segments)),
+            Err(PathRejection::FailedToDeserializePathParams(e)) => match e.kind() {
+                ErrorKind::InvalidUtf8InPathParam { key } if key == "topic" => {
+                    Err(ApiError::bad("invalid_topic", "topic name is not UTF-8"))
+                }
+                ErrorKind::InvalidUtf8InPathParam { key } if key == "partition" => Err(ApiError::bad(
+                    "invalid_partition",
+                    "a partition is a number from 0 up, and this one is not even UTF-8",
+                )),
+                _ => Err(ApiError::bad("invalid_request", e.body_text())),
+            },
+            Err(other) => Err(ApiError::Internal(other.body_text())),
+        }
+    }
 }
 
 fn not_joined(s: &AppState) -> ApiError {
@@ -310,7 +350,7 @@ fn not_joined(s: &AppState) -> ApiError {
     ))
 }
 
-async fn describe_topic(State(s): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+async fn describe_topic(State(s): State<AppState>, Segments(name): Segments<String>) -> Result<Json<Value>, ApiError> {
     let t = topic(&s, &name)?;
     Ok(Json(describe(&s, &t).await))
 }
@@ -362,7 +402,8 @@ async fn describe(s: &AppState, t: &TopicRecord) -> Value {
     })
 }
 
-async fn delete_topic(State(s): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+async fn delete_topic(State(s): State<AppState>, Segments(name): Segments<String>) -> Result<Json<Value>, ApiError> {
+    check_topic_name(&name)?;
     let cmd = pb::ControllerCommand {
         kind: Some(pb::controller_command::Kind::DeleteTopic(pb::DeleteTopic { name: name.clone() })),
     };
@@ -375,9 +416,10 @@ async fn delete_topic(State(s): State<AppState>, Path(name): Path<String>) -> Re
 
 async fn alter_topic_config(
     State(s): State<AppState>,
-    Path(name): Path<String>,
+    Segments(name): Segments<String>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
+    check_topic_name(&name)?;
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Alter {
@@ -409,7 +451,7 @@ async fn alter_topic_config(
 
 async fn move_partition(
     State(s): State<AppState>,
-    Path((name, partition)): Path<(String, String)>,
+    Segments((name, partition)): Segments<(String, String)>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let partition = partition_number(&partition)?;
@@ -784,7 +826,7 @@ fn decode_field(text: String, base64: bool, i: usize, what: &str) -> Result<Vec<
 
 async fn produce_records(
     State(s): State<AppState>,
-    Path(topic_name): Path<String>,
+    Segments(topic_name): Segments<String>,
     Query(q): Query<CommonQuery>,
     uri: Uri,
     headers: HeaderMap,
@@ -1240,7 +1282,7 @@ fn encode_records(records: &[(u64, Record)], wanted: FetchEncoding) -> Result<(V
 
 async fn fetch_records(
     State(s): State<AppState>,
-    Path((topic_name, partition)): Path<(String, String)>,
+    Segments((topic_name, partition)): Segments<(String, String)>,
     Query(q): Query<CommonQuery>,
     uri: Uri,
     headers: HeaderMap,

@@ -210,6 +210,22 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// How axum's text of a query string it cannot read begins.
 const QUERY_REJECTION: &str = "Failed to deserialize query string: ";
 
+/// `param: reason` of a query rejection, with Rust's words for a number it could not read
+/// (`-1` is an "invalid digit found in string") replaced by what the parameter takes.
+fn plain_query_reason(rest: &str) -> String {
+    const NOT_A_COUNT: [&str; 3] = [
+        "invalid digit found in string",
+        "cannot parse integer from empty string",
+        "number too large to fit in target type",
+    ];
+    match rest.split_once(": ") {
+        Some((param, reason)) if NOT_A_COUNT.contains(&reason) => {
+            format!("{param}: it takes a whole number from 0 to {}", u64::MAX)
+        }
+        _ => rest.to_string(),
+    }
+}
+
 /// Rewrites a non-JSON error answer (an extractor rejection, an unknown
 /// route) into the JSON error shape, keeping its status and headers.
 async fn json_error_body(response: Response, body_bytes_max: Option<usize>) -> Response {
@@ -237,7 +253,7 @@ async fn json_error_body(response: Response, body_bytes_max: Option<usize>) -> R
     // and the reason, under a code of their own.
     let code = match message.strip_prefix(QUERY_REJECTION) {
         Some(rest) if status == StatusCode::BAD_REQUEST => {
-            message = format!("bad query parameter {rest}");
+            message = format!("bad query parameter {}", plain_query_reason(rest));
             "invalid_query"
         }
         _ => code,

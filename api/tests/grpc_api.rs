@@ -99,8 +99,8 @@ async fn grpc_produce_then_fetch_returns_records_in_order() -> TestResult {
     Ok(())
 }
 
-/// Bad input gets the answer HTTP gives, and a topic name that is no topic reaches no other
-/// topic, key, partition or route: not found, before anything is written or read.
+/// Bad input gets the answer HTTP gives, and a topic name that breaks Kafka's rules reaches no
+/// other topic, key, partition or route: `invalid_topic`, before anything is written or read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_bad_topic_names_read_modes_and_sizes_are_refused_and_touch_nothing() -> TestResult {
     let dir = tempfile::tempdir()?;
@@ -121,15 +121,16 @@ async fn grpc_bad_topic_names_read_modes_and_sizes_are_refused_and_touch_nothing
             TestResult::Ok(())
         };
     for topic in ["t/bob?", "t/forced?partition=1&", "t#frag", "bad name!", "a/b"] {
-        expect(client.put(put(topic, b"zzz", b"injected".to_vec())).await, tonic::Code::NotFound, "topic_not_found")?;
+        let invalid = tonic::Code::InvalidArgument;
+        expect(client.put(put(topic, b"zzz", b"injected".to_vec())).await, invalid, "invalid_topic")?;
         let deleted =
             client.delete(pb::DeleteRequest { topic: topic.into(), key: b"zzz".to_vec(), ..Default::default() });
-        expect(deleted.await, tonic::Code::NotFound, "topic_not_found")?;
+        expect(deleted.await, invalid, "invalid_topic")?;
         let fetched =
             client.fetch(pb::FetchRequest { topic: topic.into(), max_records: 1, ..Default::default() }).await;
-        assert_eq!(fetched.err().map(|s| s.code()), Some(tonic::Code::NotFound), "fetch of topic {topic:?}");
+        assert_eq!(fetched.err().map(|s| s.code()), Some(invalid), "fetch of topic {topic:?}");
         let produced = client.produce(pb::ProduceRequest { topic: topic.into(), ..Default::default() }).await;
-        assert_eq!(produced.err().map(|s| s.code()), Some(tonic::Code::NotFound), "produce to topic {topic:?}");
+        assert_eq!(produced.err().map(|s| s.code()), Some(invalid), "produce to topic {topic:?}");
     }
     let bob = client.get(get_request("t", b"bob")).await?.into_inner();
     assert_eq!((bob.found, bob.value.as_slice()), (true, &b"kept"[..]), "a bad topic name reached key bob");
@@ -151,13 +152,13 @@ async fn grpc_bad_topic_names_read_modes_and_sizes_are_refused_and_touch_nothing
     expect(client.put(put("t", &vec![b'k'; 60_000], b"v".to_vec())).await, tonic::Code::InvalidArgument, "too_large")?;
     expect(client.put(put("t", b"big", vec![7; 10 << 20])).await, tonic::Code::InvalidArgument, "too_large")?;
 
-    // A topic name far over any topic's: still its answer, the message cut short enough for
-    // the status header (over 16 KiB a client refuses the header and the call fails instead).
+    // A topic name far over any topic's: bad input, in a message short enough for the status
+    // header (over 16 KiB a client refuses the header and the call fails instead).
     let long = "x".repeat(20_000);
     let status = client.get(get_request(&long, b"k")).await.err().ok_or("a 20,000-byte topic was found")?;
-    assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
-    assert!(status.message().starts_with("topic_not_found") && status.message().len() <= 1100, "{status:?}");
-    expect(client.put(put(&long, b"k", b"v".to_vec())).await, tonic::Code::NotFound, "topic_not_found")?;
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().starts_with("invalid_topic") && status.message().len() <= 1100, "{status:?}");
+    expect(client.put(put(&long, b"k", b"v".to_vec())).await, tonic::Code::InvalidArgument, "invalid_topic")?;
 
     // A request that does not decode (a topic that is not UTF-8): bad input, not a server fault.
     let mut raw = tonic::client::Grpc::new(

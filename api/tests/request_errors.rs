@@ -85,6 +85,9 @@ async fn bad_parameters_answer_400_with_a_code_that_names_them() -> TestResult {
         let (status, code, message) = error_of(http.get(format!("{url}/{path}")).send().await?).await?;
         assert_eq!((status, code.as_str()), (400, "invalid_query"), "{path}: {message}");
         assert!(message.starts_with(&format!("bad query parameter {parameter}: ")), "{path}: {message}");
+        if parameter != "forward" {
+            assert!(message.contains("whole number from 0"), "{path}: {message}");
+        }
     }
 
     for method in [reqwest::Method::GET, reqwest::Method::PUT, reqwest::Method::DELETE] {
@@ -166,6 +169,45 @@ async fn bad_parameters_answer_400_with_a_code_that_names_them() -> TestResult {
         "config": {"cleanup.policy": "compact", "kv.index.enabled": "true"}});
     let again = http.post(format!("{url}/topics")).json(&spelled_out).send().await?;
     assert_eq!(again.status(), 200, "a create spelling out the defaults is the existing topic");
+    node.shutdown().await;
+    Ok(())
+}
+
+/// A name no topic can have (not UTF-8, empty, over 249 bytes, a character Kafka refuses) is
+/// 400 `invalid_topic` on every route that names a topic, as `POST /topics` answers it, where
+/// a valid name of no topic is 404 `topic_not_found`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_names_that_break_kafkas_rules_answer_400_invalid_topic_on_every_route() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (node, url) = start_node(dir.path(), &[]).await?;
+    let http = reqwest::Client::new();
+    let long = "x".repeat(300);
+    for name in ["%FF", "%20", "bad%21name", "a,b", long.as_str()] {
+        let requests = [
+            http.get(format!("{url}/kv/{name}/k")),
+            http.put(format!("{url}/kv/{name}/k")).body("v"),
+            http.delete(format!("{url}/kv/{name}/k")),
+            http.get(format!("{url}/topics/{name}")),
+            http.delete(format!("{url}/topics/{name}")),
+            http.post(format!("{url}/topics/{name}/config")).json(&json!({"config": {"retention.ms": "1000"}})),
+            http.post(format!("{url}/topics/{name}/records")).json(&json!({"records": [{"key": "k", "value": "v"}]})),
+            http.get(format!("{url}/topics/{name}/partitions/0/records?offset=0")),
+            http.put(format!("{url}/topics/{name}/partitions/0/replicas")).json(&json!({"replicas": [1]})),
+        ];
+        for request in requests {
+            let request = request.build()?;
+            let what = format!("{} {}", request.method(), request.url().path());
+            let (status, code, message) = error_of(http.execute(request).await?).await?;
+            assert_eq!((status, code.as_str()), (400, "invalid_topic"), "{what}: {message}");
+        }
+    }
+    let (status, code, _) = error_of(http.get(format!("{url}/kv/no-such-topic/k")).send().await?).await?;
+    assert_eq!((status, code.as_str()), (404, "topic_not_found"), "a valid name of no topic");
+    let (status, code, _) = error_of(http.get(format!("{url}/topics/no-such-topic")).send().await?).await?;
+    assert_eq!((status, code.as_str()), (404, "topic_not_found"));
+    let fetch = http.get(format!("{url}/topics/no-such-topic/partitions/%FF/records")).send().await?;
+    let (status, code, _) = error_of(fetch).await?;
+    assert_eq!((status, code.as_str()), (400, "invalid_partition"), "a partition that is not UTF-8");
     node.shutdown().await;
     Ok(())
 }
