@@ -116,7 +116,7 @@ fn b64(bytes: &[u8]) -> String {
 fn unb64(text: &str) -> Result<Vec<u8>, Status> {
     base64::engine::general_purpose::STANDARD
         .decode(text)
-        .map_err(|e| Status::internal(format!("undecodable answer: {e}")))
+        .map_err(|e| Status::internal(format!("internal: undecodable answer: {e}")))
 }
 
 /// The read mode a request names; a value the proto does not define is refused, as HTTP
@@ -247,13 +247,16 @@ impl Service {
         if let Some(a) = auth {
             builder = builder.header("authorization", a);
         }
-        let request = builder.body(Body::from(body)).map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let response = self.app.clone().oneshot(request).await.map_err(|e| Status::internal(e.to_string()))?;
+        let request = builder
+            .body(Body::from(body))
+            .map_err(|e| status_of_error(&ApiError::bad("invalid_request", e.to_string())))?;
+        let response =
+            self.app.clone().oneshot(request).await.map_err(|e| status_of_error(&ApiError::Internal(e.to_string())))?;
         let status = response.status();
         let headers = response.headers().clone();
         let body = axum::body::to_bytes(response.into_body(), ANSWER_BYTES_MAX)
             .await
-            .map_err(|e| Status::internal(e.to_string()))?;
+            .map_err(|e| Status::internal(format!("internal: {e}")))?;
         Ok(Answer { status, headers, body })
     }
 
@@ -456,8 +459,9 @@ impl Logdex for Service {
                 rec.headers.iter().map(|(k, v)| (k.clone(), Value::String(b64(v)))).collect();
             for name in &rec.null_headers {
                 if headers.insert(name.clone(), Value::Null).is_some() {
-                    return Err(Status::invalid_argument(format!(
-                        "record {n}: header {name:?} is in both headers and null_headers"
+                    return Err(status_of_error(&ApiError::bad(
+                        "invalid_record",
+                        format!("record {n}: header {name:?} is in both headers and null_headers"),
                     )));
                 }
             }
@@ -469,12 +473,12 @@ impl Logdex for Service {
             }));
         }
         let body = serde_json::to_vec(&json!({ "records": records, "encoding": "base64" }))
-            .map_err(|e| Status::internal(e.to_string()))?;
+            .map_err(|e| Status::internal(format!("internal: {e}")))?;
         let a = self.call("POST", with_forward(format!("/topics/{topic}/records"), r.forward), body, auth).await?;
         if !a.status.is_success() {
             return Err(self.with_rpc_redirect(status_of(a.status, &a.body, &a.headers)));
         }
-        let v: Value = serde_json::from_slice(&a.body).map_err(|e| Status::internal(e.to_string()))?;
+        let v: Value = serde_json::from_slice(&a.body).map_err(|e| Status::internal(format!("internal: {e}")))?;
         let offsets = v["offsets"]
             .as_array()
             .map(|a| {
@@ -505,7 +509,7 @@ impl Logdex for Service {
         if !a.status.is_success() {
             return Err(self.with_rpc_redirect(status_of(a.status, &a.body, &a.headers)));
         }
-        let v: Value = serde_json::from_slice(&a.body).map_err(|e| Status::internal(e.to_string()))?;
+        let v: Value = serde_json::from_slice(&a.body).map_err(|e| Status::internal(format!("internal: {e}")))?;
         let base64 = v["encoding"].as_str() == Some("base64");
         let bytes_of = |field: &Value| -> Result<Option<Vec<u8>>, Status> {
             match field.as_str() {

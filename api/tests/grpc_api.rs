@@ -75,6 +75,7 @@ async fn grpc_produce_then_fetch_returns_records_in_order() -> TestResult {
         .err()
         .ok_or("a header both null and not was taken")?;
     assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().starts_with("invalid_record: record 0: header \"n\""), "{refused:?}");
     let produced =
         client.produce(pb::ProduceRequest { topic: "t".into(), records, ..Default::default() }).await?.into_inner();
     assert_eq!(produced.offsets.len(), 2);

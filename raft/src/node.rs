@@ -2662,6 +2662,16 @@ struct Cleaned {
 /// indexed yet), so the next pass tries again. (Retention is committed through Raft:
 /// `propose_retention`.)
 fn clean(p: &Partition, policy: &crate::controller::CleanupPolicy, last: Option<Cleaned>) -> Result<Option<Cleaned>> {
+    clean_with(p, policy, last, Partition::compact)
+}
+
+/// [`clean`], the pass itself done by `compact` (a test seals a segment while it runs).
+fn clean_with(
+    p: &Partition,
+    policy: &crate::controller::CleanupPolicy,
+    last: Option<Cleaned>,
+    compact: impl FnOnce(&Partition, i64) -> Result<logdex_log::CompactStats>,
+) -> Result<Option<Cleaned>> {
     let now = crate::state_machine::now_ms();
     if !policy.compact {
         return Ok(None);
@@ -2676,7 +2686,7 @@ fn clean(p: &Partition, policy: &crate::controller::CleanupPolicy, last: Option<
     if sealed == 0 || last.is_some_and(|c| !dirty_enough(&c) && !tombstones_due(&c)) {
         return Ok(None);
     }
-    let stats = p.compact(horizon)?;
+    let stats = compact(p, horizon)?;
     if stats.records_removed > 0 {
         tracing::info!(
             group = p.group,
@@ -2689,7 +2699,11 @@ fn clean(p: &Partition, policy: &crate::controller::CleanupPolicy, last: Option<
     if stats.bytes_before == 0 {
         return Ok(None);
     }
-    Ok(Some(Cleaned { sealed_bytes: p.sealed_bytes(), oldest_tombstone_kept_ms: stats.oldest_tombstone_kept_ms }))
+    // The bytes of the segments this pass examined, as it left them: a segment sealed while
+    // it ran (an apply goes on meanwhile) or past the high watermark when it began is not
+    // among them, and counts as dirty for the next pass. (The log's sealed bytes read now
+    // would count it as clean, and it would wait for the next segment to be sealed.)
+    Ok(Some(Cleaned { sealed_bytes: stats.bytes_after, oldest_tombstone_kept_ms: stats.oldest_tombstone_kept_ms }))
 }
 
 /// Reads that may find their data in tiered storage: run `read`; when it needs remote
@@ -3086,6 +3100,33 @@ mod tests {
         let ratio = dirty as f64 / sealed as f64;
         clean(&p, &compact_policy(60_000, ratio), Some(first))?.ok_or("a dirty share at the ratio brings a pass")?;
         assert!(!k_at_0(&p)?, "the superseded record is gone");
+        Ok(())
+    }
+
+    /// A segment sealed while a pass runs is not one the pass examined: it is dirty for the
+    /// next pass, which removes its superseded records, though nothing is sealed after it.
+    #[test]
+    fn a_segment_sealed_while_a_pass_runs_is_cleaned_by_the_next_pass() -> TestResult {
+        let root = tempfile::tempdir()?;
+        let p = compacted_replica(root.path())?;
+        let now = crate::state_machine::now_ms() as i64;
+        apply_each(&p, 0, &filler(0..40), now)?;
+        let policy = compact_policy(60_000, 0.01);
+        // During the pass: `k` twice, then filler that seals the segment holding both.
+        let mut during = vec![("k".to_string(), Some(b"v1".to_vec())), ("k".to_string(), Some(b"v2".to_vec()))];
+        during.extend(filler(42..60));
+        let first = clean_with(&p, &policy, None, |p, horizon| {
+            let stats = p.compact(horizon)?;
+            apply_each(p, 40, &during, now).map_err(|e| Error::Invalid(e.to_string()))?;
+            Ok(stats)
+        })?
+        .ok_or("the first pass examines the sealed segments")?;
+        let superseded_at_40 =
+            |p: &Partition| -> TestResult<bool> { Ok(p.read_records(40, 1, 1 << 20)?.iter().any(|(o, _)| *o == 40)) };
+        assert!(p.sealed_bytes() > first.sealed_bytes, "a segment was sealed while the pass ran");
+        assert!(superseded_at_40(&p)?, "the pass did not examine the segment sealed under it");
+        clean(&p, &policy, Some(first))?.ok_or("the segment sealed under the last pass brings a pass")?;
+        assert!(!superseded_at_40(&p)?, "the superseded record at offset 40 is gone");
         Ok(())
     }
 
