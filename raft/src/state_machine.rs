@@ -126,17 +126,26 @@ impl GroupStateMachine {
         partition: &Partition,
         mut entries: Vec<EntryResponder<TypeConfig>>,
     ) -> io::Result<()> {
+        // Produce batches go to the log together, as one append; what each batch became, by
+        // its place among the chunk's batches.
         let mut batches = Vec::new();
+        let mut appended = Vec::new();
         let mut batch_owner = Vec::with_capacity(entries.len());
         for (entry, _) in entries.iter_mut() {
-            self.state.applied = Some(entry.log_id);
             match &mut entry.payload {
                 EntryPayload::Normal(pb::Command { kind: Some(pb::command::Kind::Produce(p)) }) => {
-                    batch_owner.push(Some(batches.len()));
+                    batch_owner.push(Some(appended.len() + batches.len()));
                     batches.push(std::mem::take(&mut p.batch));
                 }
                 EntryPayload::Normal(pb::Command { kind: Some(pb::command::Kind::Tier(t)) }) => {
-                    // Refers to segments applied in earlier entries; idempotent when re-applied.
+                    // A trim or an upload refers to the records of the entries before it: those
+                    // of this chunk go to the log first (a follower catching up applies many
+                    // entries at once, and a trim applied ahead of them deleted nothing of them).
+                    if !batches.is_empty() {
+                        appended.extend(partition.apply_batches(&mut batches, &self.state, now_ms()).map_err(to_io)?);
+                        batches.clear();
+                    }
+                    // Idempotent when re-applied.
                     partition.apply_tier(t, entry.log_id.index).map_err(to_io)?;
                     batch_owner.push(None);
                 }
@@ -147,13 +156,15 @@ impl GroupStateMachine {
                 }
                 _ => batch_owner.push(None),
             }
+            // After the entry: the batches applied before a tier command record the entry
+            // before it as applied.
+            self.state.applied = Some(entry.log_id);
         }
-        let appended = if batches.is_empty() {
+        if batches.is_empty() {
             partition.apply_marker(&self.state).map_err(to_io)?;
-            Vec::new()
         } else {
-            partition.apply_batches(&mut batches, &self.state, now_ms()).map_err(to_io)?
-        };
+            appended.extend(partition.apply_batches(&mut batches, &self.state, now_ms()).map_err(to_io)?);
+        }
         for ((_, responder), owner) in entries.into_iter().zip(batch_owner) {
             let Some(responder) = responder else { continue };
             let kind = match owner.and_then(|i| appended.get(i)) {

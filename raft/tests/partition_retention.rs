@@ -91,6 +91,47 @@ fn a_committed_trim_leaves_replicas_with_other_segment_boundaries_answering_alik
     Ok(())
 }
 
+/// A follower catching up applies many entries at once, in one call of its state machine: a
+/// trim among them removes the records of the entries before it from its disk, as it does
+/// when each entry comes alone (it used to be applied ahead of them, deleting none of them,
+/// and the replica kept them until a later trim).
+#[test]
+fn a_trim_applied_in_one_chunk_with_the_records_before_it_deletes_their_segments() -> TestResult {
+    use logdex_raft::state_machine::GroupData;
+    use logdex_raft::state_machine::GroupStateMachine;
+    use openraft::entry::RaftEntry;
+    use openraft::storage::RaftStateMachine;
+
+    let dir = tempfile::tempdir()?;
+    let config = LogConfig { segment_bytes: 500, ..LogConfig::default() };
+    let p = std::sync::Arc::new(open(dir.path(), config)?);
+    let snapshots = logdex_raft::snapshot::SnapshotStore::open(dir.path().join("snapshots"))?;
+    let mut sm = GroupStateMachine::new(GroupData::Partition(p.clone()), Default::default(), snapshots);
+    let cut = 40;
+    let entry = |index: u64, kind: pb::command::Kind| {
+        let log_id = logdex_raft::wire::log_id_from_pb(&pb::LogId { term: 1, index });
+        let payload = openraft::EntryPayload::Normal(pb::Command { kind: Some(kind) });
+        Ok((logdex_raft::types::Entry::new(log_id, payload), None))
+    };
+    // Records 0..50, the trim to 40, records 50..60: entries 1 to 61.
+    let mut entries = Vec::new();
+    for i in 0..RECORDS {
+        let batch = logdex_log::encode_batch(&[common::record(i, RECORDS)], Compression::None)?;
+        let index = if i < 50 { i + 1 } else { i + 2 };
+        entries.push(entry(index, pb::command::Kind::Produce(pb::Produce { batch })));
+    }
+    let trim = pb::TierCommand { kind: Some(pb::tier_command::Kind::TrimTo(cut)), at_ms: 0 };
+    entries.insert(50, entry(51, pb::command::Kind::Tier(trim)));
+    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    runtime.block_on(sm.apply(futures::stream::iter(entries)))?;
+
+    check_trimmed(&p, cut, "after one chunk")?;
+    let bases = segment_bases(dir.path())?;
+    assert!(bases.len() > 2 && bases[0] <= cut && bases[1] > cut, "segments wholly below the trim stay: {bases:?}");
+    assert_eq!(p.high_watermark(), RECORDS);
+    Ok(())
+}
+
 fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(to)?;
     for entry in std::fs::read_dir(from)? {
