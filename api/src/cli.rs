@@ -73,8 +73,8 @@ pub enum Command {
         #[command(flatten)]
         target: Target,
     },
-    /// Produce records from stdin, one per line: `key<TAB>value` (a line without a tab has no key);
-    /// `--json`: the server's answer to each request (its records' offsets), one JSON line each.
+    /// Produce records from stdin, one per line: `key<TAB>value` (a line without a tab has no key;
+    /// an empty key before a tab is refused, naming the line); `--json`: the server's answer to each request (its records' offsets), one JSON line each.
     Produce {
         /// Topic name.
         topic: String,

@@ -397,7 +397,14 @@ async fn produce(topic: &str, batch: usize, target: &Target) -> Result<(), Strin
         let mut records = Vec::with_capacity(batch);
         for line in lines.by_ref().take(batch) {
             let line = line.map_err(|e| format!("reading stdin: {e}"))?;
+            let number = total + records.len() as u64 + 1;
             let record = match line.split_once('\t') {
+                Some(("", _)) => {
+                    return Err(format!(
+                        "line {number}: the key before the tab is empty (a line without a tab is a record \
+                         without a key); {total} records written before it"
+                    ));
+                }
                 Some((k, v)) => json!({ "key": k, "value": v }),
                 None => json!({ "value": line }),
             };
@@ -434,7 +441,15 @@ async fn produce(topic: &str, batch: usize, target: &Target) -> Result<(), Strin
                 sent += count;
             }
         } else {
-            print_offsets(&answer.ok()?, target.json)?;
+            // The server names a record by its place in this request: say which lines those are.
+            let answer = answer.ok().map_err(|e| {
+                format!(
+                    "lines {} to {} (record 0 is line {0}): {e}; {total} records written before them",
+                    total + 1,
+                    total + n
+                )
+            })?;
+            print_offsets(&answer, target.json)?;
         }
         total += n;
         if progress {

@@ -142,6 +142,33 @@ async fn cli_produce_splits_a_batch_whose_partitions_have_different_leaders() ->
     cluster.finish(outcome)
 }
 
+/// `logdex produce` names the input lines of a record it cannot send (a key before the tab
+/// that is empty) or the server refuses (a value over the bound), and how many records it
+/// wrote before them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_produce_errors_name_the_input_lines() -> Result<()> {
+    let cluster = Cluster::start(1).await?;
+    let outcome = async {
+        let url = cluster.url(cluster.node_ids()[0]);
+        cli_ok(&url, &["topic", "create", "lines"]).await?;
+        let input = "a\t1\nb\t2\n\tno key\nd\t4\n";
+        let (ok, _, stderr) = cli_with_input(&url, &["produce", "lines", "--batch", "2"], input).await?;
+        ensure!(!ok, "a line with an empty key was produced");
+        ensure!(stderr.contains("line 3: the key before the tab is empty"), "produce said: {stderr}");
+        ensure!(stderr.contains("2 records written before it"), "produce said: {stderr}");
+        let big = format!("e\t5\nf\t{}\n", "v".repeat(2 << 20));
+        let (ok, _, stderr) = cli_with_input(&url, &["produce", "lines"], &big).await?;
+        ensure!(!ok, "a value over the bound was produced");
+        ensure!(stderr.contains("lines 1 to 2 (record 0 is line 1)"), "produce said: {stderr}");
+        ensure!(stderr.contains("record 1"), "produce said: {stderr}");
+        let written = cluster.describe("lines").await?.partitions[0].high_watermark;
+        ensure_eq!(written, 2, "records written: the first batch only");
+        Ok(())
+    }
+    .await;
+    cluster.finish(outcome)
+}
+
 /// A reader that goes away before the CLI prints (`logdex ... | head -0`) gets a clear error
 /// from it and exit status 1, not a panic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
