@@ -1109,7 +1109,10 @@ pub(crate) async fn lookup(s: &AppState, r: LookupRequest<'_>) -> Result<Lookup,
     let Some(hosted) = s.router.node.group(p.group_id) else {
         return Ok(Lookup::Elsewhere { group: p.group_id, targets: s.router.read_targets(p).await });
     };
-    if r.mode == ReadMode::Follower && !s.router.node.serves_follower_reads(&hosted) {
+    // A replica stopped by an error, or a learner for `follower` reads: the others answer.
+    if s.router.node.replica_stopped(&hosted)
+        || (r.mode == ReadMode::Follower && !s.router.node.serves_follower_reads(&hosted))
+    {
         return Ok(Lookup::Elsewhere { group: p.group_id, targets: voter_targets(s, p).await? });
     }
     if let Some(min) = r.min_offset {
@@ -1150,8 +1153,9 @@ pub(crate) async fn lookup(s: &AppState, r: LookupRequest<'_>) -> Result<Lookup,
     }
 }
 
-/// Where a `follower` read goes from a replica that does not serve them (a move's new
-/// replica, still a learner): the partition's other replicas, best first.
+/// Where a read goes from a replica that does not serve it (a move's new replica, still a
+/// learner, for `follower` reads; one stopped by an error, for any): the partition's other
+/// replicas, best first.
 async fn voter_targets(s: &AppState, p: &PartitionRecord) -> Result<Vec<u64>, ApiError> {
     let me = s.router.node.node_id();
     let targets: Vec<u64> = s.router.read_targets(p).await.into_iter().filter(|t| *t != me).collect();
@@ -1306,7 +1310,9 @@ async fn fetch_records(
         let targets = s.router.read_targets(p).await;
         return s.router.redirect_read(p.group_id, &targets, hop, per_target, &path_and_query(&uri), &headers).await;
     };
-    if mode == ReadMode::Follower && !s.router.node.serves_follower_reads(&hosted) {
+    if s.router.node.replica_stopped(&hosted)
+        || (mode == ReadMode::Follower && !s.router.node.serves_follower_reads(&hosted))
+    {
         let targets = voter_targets(&s, p).await?;
         return s.router.redirect_read(p.group_id, &targets, hop, per_target, &path_and_query(&uri), &headers).await;
     }
@@ -1444,6 +1450,25 @@ async fn readyz(State(s): State<AppState>) -> Response {
     let registered = s.router.node.cluster().nodes.contains_key(&s.router.node.node_id());
     let groups_led = s.router.node.groups().iter().all(|g| s.router.node.reported_leader_node(g).is_some());
     let starting = s.router.node.replicas_starting();
+    // A replica stopped by an error (of its storage: a full disk, say) takes no part in its
+    // group until the node restarts: the node is not ready, and says which and why.
+    let stopped = s.router.node.stopped_replicas();
+    if !stopped.is_empty() {
+        let named: Vec<String> = stopped
+            .iter()
+            .map(|(g, why)| match g {
+                Some(g) => format!("topic {} partition {}: {why}", g.topic, g.partition_no),
+                None => format!("the controller: {why}"),
+            })
+            .collect();
+        return ApiError::Unavailable(format!(
+            "not ready: {} replica(s) of this node stopped on an error and take no part in their groups until \
+             the node restarts (restart it once the cause is fixed): {}",
+            stopped.len(),
+            named.join("; ")
+        ))
+        .into_response();
+    }
     if controller_has_leader && registered && groups_led && starting == 0 {
         (StatusCode::OK, "ready").into_response()
     } else {
@@ -1461,7 +1486,7 @@ async fn metrics(State(s): State<AppState>) -> Response {
     let node = s.router.node.node_id();
     let groups = s.router.node.groups();
     type Gauge = fn(&logdex_raft::node::HostedGroup) -> u64;
-    let series: [(&str, &str, &str, Gauge); 15] = [
+    let series: [(&str, &str, &str, Gauge); 16] = [
         ("logdex_partition_high_watermark", "gauge", "Offset after the last applied record.", |g| {
             g.partition.high_watermark()
         }),
@@ -1510,6 +1535,12 @@ async fn metrics(State(s): State<AppState>) -> Response {
             "gauge",
             "1 while the scrub finds a damaged sealed segment in this replica.",
             |g| u64::from(g.partition.is_damaged()),
+        ),
+        (
+            "logdex_partition_stopped",
+            "gauge",
+            "1 when the replica's group stopped on an error (of its storage: a full disk, say) until the node restarts.",
+            |g| u64::from(logdex_raft::node::stopped_by(&logdex_raft::types::metrics_of(&g.raft)).is_some()),
         ),
     ];
     for (name, kind, help, value) in series {

@@ -116,9 +116,13 @@ impl Router {
         self.node.group(group).filter(|g| g.raft.is_leader())
     }
 
-    /// The leader's node id as best known, asking replica nodes when this node hosts none.
+    /// The leader's node id as best known, asking replica nodes when this node hosts none (or
+    /// its replica stopped).
     pub async fn find_leader(&self, record: &PartitionRecord) -> Option<NodeId> {
-        if let Some(hosted) = self.node.group(record.group_id) {
+        // A replica stopped by an error knows no leader any more: the replica nodes say.
+        if let Some(hosted) = self.node.group(record.group_id)
+            && !self.node.replica_stopped(&hosted)
+        {
             return self.node.leader_node(&hosted);
         }
         self.route(record).await.leader

@@ -1001,7 +1001,7 @@ impl Node {
                     }
                     tokio::time::sleep(pause).await;
                 }
-                Ok(Err(e)) => return Err(Error::unavailable(e)),
+                Ok(Err(e)) => return Err(write_failed(e)),
             }
         }
     }
@@ -1524,7 +1524,7 @@ impl Node {
         match tokio::time::timeout(OPERATION_TIMEOUT, g.raft.client_write(command)).await {
             Err(_) => Err(Error::Timeout("tiered storage command waiting for commit".into())),
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(Error::unavailable(e)),
+            Ok(Err(e)) => Err(write_failed(e)),
         }
     }
 
@@ -1888,6 +1888,8 @@ impl Node {
     async fn checkpoint_loop(&self) {
         let mut stop = self.inner.stop.subscribe();
         let mut last: HashMap<GroupId, u64> = HashMap::new();
+        // When each failing group's error was last logged: once a minute while it fails.
+        let mut failing: HashMap<GroupId, std::time::Instant> = HashMap::new();
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -1903,13 +1905,24 @@ impl Node {
                 match tokio::task::spawn_blocking(move || p.checkpoint()).await {
                     Ok(Ok(())) => {
                         last.insert(g.group_id, hw);
+                        failing.remove(&g.group_id);
                     }
                     // A replica removed meanwhile (a move took it away) may have lost its
                     // files under the checkpoint: nothing of it is left to keep.
                     Ok(Err(e)) if !self.hosts_replica(g.group_id, g.replica_id) => {
                         tracing::debug!(group = g.group_id, error = %e, "checkpoint of a removed replica skipped");
                     }
-                    Ok(Err(e)) => tracing::error!(group = g.group_id, error = %e, "checkpoint failed"),
+                    Ok(Err(e)) => {
+                        let due = failing.get(&g.group_id).is_none_or(|at| at.elapsed() >= Duration::from_secs(60));
+                        if due {
+                            failing.insert(g.group_id, std::time::Instant::now());
+                            tracing::error!(
+                                group = g.group_id,
+                                error = %e,
+                                "checkpoint failed (logged once a minute while it fails)"
+                            );
+                        }
+                    }
                     Err(e) => tracing::error!(group = g.group_id, error = %e, "checkpoint task failed"),
                 }
             }
@@ -1968,10 +1981,32 @@ impl Node {
     /// routing uses (the replica still takes writes, which wait for the quorum or time out).
     pub fn reported_leader_node(&self, group: &HostedGroup) -> Option<NodeId> {
         let m = crate::types::metrics_of(&group.raft);
-        if self.cut_off(&m) {
+        if self.names_no_leader(&m) {
             return None;
         }
         leader_node_of(&group.raft)
+    }
+
+    /// Whether the replica of metrics `m` names no leader to anyone: it leads but lost its
+    /// quorum ([`Node::cut_off`]), or it stopped (an error of its storage: its metrics keep
+    /// the leader it last knew, itself maybe, while the others elect another; [`leader_of`]).
+    fn names_no_leader(&self, m: &crate::types::RaftMetrics) -> bool {
+        m.running_state.is_err() || self.cut_off(m)
+    }
+
+    /// The replicas of this node (`None` for the controller's) whose group stopped on an error
+    /// (see [`stopped_by`]), with the reason: they take no part in their groups until the
+    /// node restarts.
+    pub fn stopped_replicas(&self) -> Vec<(Option<Arc<HostedGroup>>, String)> {
+        let mut stopped: Vec<(Option<Arc<HostedGroup>>, String)> = self
+            .groups()
+            .into_iter()
+            .filter_map(|g| stopped_by(&crate::types::metrics_of(&g.raft)).map(|why| (Some(g), why)))
+            .collect();
+        if let Some(why) = stopped_by(&crate::types::metrics_of(&self.inner.controller_raft)) {
+            stopped.push((None, why));
+        }
+        stopped
     }
 
     /// Whether the replica of metrics `m` leads but lost its quorum (see [`lost_its_quorum`]).
@@ -2242,6 +2277,13 @@ impl Node {
         m.membership_config.membership().voter_ids().any(|v| v == m.id)
     }
 
+    /// Whether this replica's group stopped ([`stopped_by`]): it serves nothing until the node
+    /// restarts (its state is frozen where it stopped), and names no leader.
+    pub fn replica_stopped(&self, hosted: &HostedGroup) -> bool {
+        use crate::types::WatchReceiver;
+        hosted.raft.metrics().borrow_watched().running_state.is_err()
+    }
+
     /// Looks a key up on the hosted replica after the read barrier of `mode`.
     pub async fn read_key(&self, group: GroupId, key: &[u8], mode: ReadMode) -> Result<(KeyRead, u64)> {
         let hosted = self.group(group).ok_or(Error::NotHosted { group })?;
@@ -2288,7 +2330,7 @@ impl Node {
                 let m = crate::types::metrics_of(&g.raft);
                 // A leader a quorum stopped answering is reported as no leader: the others have
                 // elected another one by now (or will), and its writes cannot commit.
-                let cut_off = self.cut_off(&m);
+                let cut_off = self.names_no_leader(&m);
                 pb::GroupStatus {
                     group_id: g.group_id,
                     replica_id: g.replica_id,
@@ -2601,6 +2643,11 @@ fn leader_of(raft: &Raft) -> Option<(NodeId, ReplicaId)> {
     use crate::types::WatchReceiver;
     let metrics = raft.metrics();
     let m = metrics.borrow_watched();
+    if m.running_state.is_err() {
+        // Stopped (an error of its storage, or a shutdown): its metrics keep the leader it
+        // last knew, itself maybe, while the others elect another.
+        return None;
+    }
     let leader = m.current_leader?;
     m.membership_config.membership().get_node(&leader).map(|n| (n.node_id, leader))
 }
@@ -2825,10 +2872,43 @@ fn propose_fn(raft: Raft, partition: Arc<Partition>) -> crate::batcher::Propose 
                 Ok(Err(OrRaftError::APIError(OrClientWriteError::ForwardToLeader(f)))) => {
                     Err(Error::NotLeader { group, leader_node: f.leader_node.map(|n| n.node_id) })
                 }
-                Ok(Err(e)) => Err(Error::unavailable(e)),
+                Ok(Err(e)) => Err(write_failed(e)),
             }
         })
     })
+}
+
+/// A write a group did not take, other than for another leader: one whose replica here
+/// stopped on an error of its storage (a full disk, say) says so and what to do, instead of
+/// openraft's text of the failed call.
+fn write_failed(e: OrRaftError<crate::types::TypeConfig, crate::types::ClientWriteError>) -> Error {
+    match e {
+        OrRaftError::Fatal(openraft::errors::Fatal::StorageError(se)) => Error::Unavailable(format!(
+            "the replica on this node stopped on a storage error ({}); the write may or may not \
+             have been committed by the group's other replicas, which elect a leader meanwhile; \
+             this replica takes part again once its node restarts (restart it once the cause, a \
+             full disk say, is fixed)",
+            storage_cause(&se)
+        )),
+        other => Error::unavailable(other),
+    }
+}
+
+/// What failed under a storage error (the I/O error, without openraft's frame of it).
+fn storage_cause(se: &openraft::StorageError<crate::types::TypeConfig>) -> String {
+    let cause = std::error::Error::source(se).map_or_else(|| se.to_string(), |cause| cause.to_string());
+    // openraft keeps the cause as text led by its type's name.
+    cause.strip_prefix("std::io::error::Error: ").map(str::to_string).unwrap_or(cause)
+}
+
+/// Why the replica of metrics `m` stopped other than by a shutdown (an error of its storage),
+/// if it did.
+pub fn stopped_by(m: &crate::types::RaftMetrics) -> Option<String> {
+    match &m.running_state {
+        Ok(()) | Err(openraft::errors::Fatal::Stopped) => None,
+        Err(openraft::errors::Fatal::StorageError(se)) => Some(format!("storage error: {}", storage_cause(se))),
+        Err(other) => Some(other.to_string()),
+    }
 }
 
 /// Sends each batch of forwarded writes to `node` in one `Produce` RPC.

@@ -504,6 +504,12 @@ impl Partition {
         state: &AppliedState,
         now_ms: u64,
     ) -> Result<Vec<std::result::Result<Appended, String>>> {
+        // Test builds with the `failpoints` feature (`return`): the error of a segment log
+        // write on a full disk, before anything of these batches is written.
+        fail::fail_point!("partition::apply_io_error", |_| Err(Error::Io(std::io::Error::new(
+            std::io::ErrorKind::StorageFull,
+            "No space left on device (failpoint partition::apply_io_error)"
+        ))));
         let mut results = Vec::with_capacity(batches.len());
         let mut records_per_batch = Vec::with_capacity(batches.len());
         let next_offset = {
