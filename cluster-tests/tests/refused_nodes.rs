@@ -262,3 +262,68 @@ async fn a_node_restarted_on_an_empty_directory_under_its_old_id_touches_no_repl
     .await;
     cluster.finish(outcome)
 }
+
+/// A node whose data directory belongs to a cluster of its own (it first ran with `--peers`
+/// naming itself alone), started again with `--join` naming a node of another cluster, stops
+/// with the reason: its own controller replica would take its registration, and it would serve
+/// a cluster that the one it named never heard of (before, it did, and `/readyz` said ready).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joining_with_a_data_directory_of_another_cluster_stops_with_the_reason() -> Result<()> {
+    let cluster = Cluster::start(3).await?;
+    let outcome = async {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("creating a data directory", e))?;
+        let data_dir = dir.path().display().to_string();
+        let (http, rpc) = (unused_address()?, unused_address()?);
+        let serve = ["serve", "--node-id", "7", "--data-dir", &data_dir, "--http-addr", &http, "--rpc-addr", &rpc];
+        let own_peers = format!("7@{rpc}");
+        let mut own = tokio::process::Command::new(logdex_cluster_tests::cluster::binary_path()?)
+            .args(serve)
+            .args(["--peers", &own_peers])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| Error::io("starting a node of its own cluster", e))?;
+        logdex_cluster_tests::support::poll_until(
+            "the lone node knows its cluster's id",
+            SETTLE_TIMEOUT,
+            Duration::from_millis(200),
+            || async {
+                let view = cluster.api().get_url(&format!("http://{http}/cluster")).await;
+                Ok(match view {
+                    Ok(reply) if reply.status == 200 && reply.text().contains("\"cluster_id\":\"") => {
+                        logdex_cluster_tests::support::Probe::Ready(())
+                    }
+                    Ok(reply) => logdex_cluster_tests::support::Probe::NotYet(reply.summary()),
+                    Err(e) => logdex_cluster_tests::support::Probe::NotYet(e.to_string()),
+                })
+            },
+        )
+        .await?;
+        let pid = own.id().ok_or_else(|| Error::Check("the lone node has no pid".into()))?;
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .map_err(|e| Error::io("stopping the lone node", e))?;
+        tokio::time::timeout(EXIT_TIMEOUT, own.wait())
+            .await
+            .map_err(|_| Error::Check("the lone node did not stop".into()))?
+            .map_err(|e| Error::io("waiting for the lone node", e))?;
+
+        let join = cluster.rpc_addr(1).to_string();
+        let args = [&serve[..], &["--join", &join]].concat();
+        let (ok, stdout, stderr) = logdex_cluster_tests::support::run_logdex(&args, "", EXIT_TIMEOUT).await?;
+        ensure!(!ok, "the node joined another cluster with its data directory:\n{stdout}\n{stderr}");
+        let said = format!("{stdout}\n{stderr}");
+        ensure!(
+            said.contains("belongs to cluster")
+                && said.contains(&format!("--join {join} names a node of another cluster")),
+            "the node says why it stopped:\n{said}"
+        );
+        let nodes = cluster.api().get_url(&format!("{}/cluster", cluster.url(1))).await?.text();
+        ensure!(!nodes.contains("\"node_id\":7"), "node 7 is not registered: {nodes}");
+        Ok(())
+    }
+    .await;
+    cluster.finish(outcome)
+}

@@ -678,6 +678,11 @@ impl Node {
                 proposed_cluster_id: random_incarnation(),
             })),
         };
+        if let Some(addr) = &config.join
+            && self.joins_another_cluster(addr).await
+        {
+            return;
+        }
         let mut stop = self.inner.stop.subscribe();
         let mut refusals = 0;
         for attempt in 0u64.. {
@@ -737,6 +742,44 @@ impl Node {
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(500)) => {}
                 _ = stop.changed() => return,
+            }
+        }
+    }
+
+    /// Whether `--join` names a node of another cluster than the one this node's data
+    /// directory already belongs to (it ran before), and if so stops the node with the reason.
+    /// Its own controller replica would take its registration otherwise, and it would serve a
+    /// cluster of its own while the one named never heard of it. The node named refuses calls
+    /// from another cluster: one status call tells. A node that cannot be reached (restarting,
+    /// say) is not checked, with a warning.
+    async fn joins_another_cluster(&self, addr: &str) -> bool {
+        let Some(own) = self.cluster_identity().get() else { return false };
+        let answer = match self.pool().client(addr) {
+            Ok(mut client) => {
+                let mut request = tonic::Request::new(pb::StatusRequest {});
+                request.set_timeout(Duration::from_secs(2));
+                client.status(request).await.map(drop).map_err(|status| status.message().to_string())
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        match answer {
+            Ok(()) => false,
+            Err(e) if e.contains(crate::service::FOREIGN_CLUSTER_REFUSAL) => {
+                let reason = format!(
+                    "this data directory belongs to cluster {own:016x}, and --join {addr} names a node of another \
+                     cluster: join that cluster with an empty --data-dir, or --join a node of this directory's cluster"
+                );
+                tracing::error!(%reason, "refusing to start");
+                let _ = self.inner.fatal.send(Some(reason));
+                true
+            }
+            Err(e) => {
+                tracing::warn!(
+                    join = addr,
+                    error = %e,
+                    "cannot check that the --join node is of this data directory's cluster; going on"
+                );
+                false
             }
         }
     }
