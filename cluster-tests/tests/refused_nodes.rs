@@ -267,6 +267,8 @@ async fn a_node_restarted_on_an_empty_directory_under_its_old_id_touches_no_repl
 /// naming itself alone), started again with `--join` naming a node of another cluster, stops
 /// with the reason: its own controller replica would take its registration, and it would serve
 /// a cluster that the one it named never heard of (before, it did, and `/readyz` said ready).
+/// Started with `--peers` naming that cluster's nodes instead, it stops too once they refuse it
+/// (before, it ran on, refused by every peer).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_joining_with_a_data_directory_of_another_cluster_stops_with_the_reason() -> Result<()> {
     let cluster = Cluster::start(3).await?;
@@ -320,6 +322,13 @@ async fn a_node_joining_with_a_data_directory_of_another_cluster_stops_with_the_
                 && said.contains(&format!("--join {join} names a node of another cluster")),
             "the node says why it stopped:\n{said}"
         );
+        // The same with `--peers` naming the other cluster's nodes: they refuse it.
+        let peers = format!("1@{join},7@{rpc}");
+        let args = [&serve[..], &["--peers", &peers]].concat();
+        let (ok, stdout, stderr) = logdex_cluster_tests::support::run_logdex(&args, "", EXIT_TIMEOUT).await?;
+        ensure!(!ok, "the node ran with peers of another cluster:\n{stdout}\n{stderr}");
+        let said = format!("{stdout}\n{stderr}");
+        ensure!(said.contains("(nodes [1]) belong to another cluster"), "the node says why it stopped:\n{said}");
         let nodes = cluster.api().get_url(&format!("{}/cluster", cluster.url(1))).await?.text();
         ensure!(!nodes.contains("\"node_id\":7"), "node 7 is not registered: {nodes}");
         Ok(())

@@ -479,6 +479,8 @@ impl Node {
         let node = self.clone();
         tokio::spawn(async move { node.register_loop().await });
         let node = self.clone();
+        tokio::spawn(async move { node.check_peers_cluster().await });
+        let node = self.clone();
         tokio::spawn(async move { node.reconcile_loop().await });
         let node = self.clone();
         tokio::spawn(async move { node.checkpoint_loop().await });
@@ -749,11 +751,72 @@ impl Node {
     /// Whether `--join` names a node of another cluster than the one this node's data
     /// directory already belongs to (it ran before), and if so stops the node with the reason.
     /// Its own controller replica would take its registration otherwise, and it would serve a
-    /// cluster of its own while the one named never heard of it. The node named refuses calls
-    /// from another cluster: one status call tells. A node that cannot be reached (restarting,
-    /// say) is not checked, with a warning.
+    /// cluster of its own while the one named never heard of it. A node that cannot be reached
+    /// (restarting, say) is not checked, with a warning.
     async fn joins_another_cluster(&self, addr: &str) -> bool {
         let Some(own) = self.cluster_identity().get() else { return false };
+        match self.peer_cluster(addr).await {
+            PeerCluster::Same => false,
+            PeerCluster::Other => {
+                self.refuse_to_start(format!(
+                    "this data directory belongs to cluster {own:016x}, and --join {addr} names a node of another \
+                     cluster: join that cluster with an empty --data-dir, or --join a node of this directory's cluster"
+                ));
+                true
+            }
+            PeerCluster::Unknown(e) => {
+                tracing::warn!(
+                    join = addr,
+                    error = %e,
+                    "cannot check that the --join node is of this data directory's cluster; going on"
+                );
+                false
+            }
+        }
+    }
+
+    /// For a node of `--peers` whose data directory already belongs to a cluster: stops it
+    /// with the reason once the peers that answer all refuse it as another cluster's (a data
+    /// directory left from an earlier cluster), instead of running on refused by every peer.
+    /// One peer of its cluster answering ends the check; so do [`PEER_CLUSTER_CHECKS`] rounds
+    /// in which no peer answered (they may all be restarting).
+    async fn check_peers_cluster(&self) {
+        let config = &self.inner.config;
+        let Some(own) = self.cluster_identity().get() else { return };
+        let peers: Vec<&(NodeId, String)> = config.peers.iter().filter(|(id, _)| *id != config.node_id).collect();
+        if config.join.is_some() || peers.is_empty() {
+            return;
+        }
+        let mut stop = self.inner.stop.subscribe();
+        for _ in 0..PEER_CLUSTER_CHECKS {
+            let answers = futures::future::join_all(peers.iter().map(|(_, addr)| self.peer_cluster(addr))).await;
+            if answers.iter().any(|a| matches!(a, PeerCluster::Same)) {
+                return;
+            }
+            let refused: Vec<NodeId> = peers
+                .iter()
+                .zip(&answers)
+                .filter(|(_, a)| matches!(a, PeerCluster::Other))
+                .map(|((id, _), _)| *id)
+                .collect();
+            if !refused.is_empty() {
+                self.refuse_to_start(format!(
+                    "this data directory belongs to cluster {own:016x}, and the peers that answered (nodes \
+                     {refused:?}) belong to another cluster: start this node with an empty --data-dir to join \
+                     theirs, or start it with the --peers of its own cluster"
+                ));
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    }
+
+    /// Which cluster the node at `addr` is of, as one status call tells: it refuses calls from
+    /// another cluster than its own.
+    async fn peer_cluster(&self, addr: &str) -> PeerCluster {
         let answer = match self.pool().client(addr) {
             Ok(mut client) => {
                 let mut request = tonic::Request::new(pb::StatusRequest {});
@@ -763,25 +826,16 @@ impl Node {
             Err(e) => Err(e.to_string()),
         };
         match answer {
-            Ok(()) => false,
-            Err(e) if e.contains(crate::service::FOREIGN_CLUSTER_REFUSAL) => {
-                let reason = format!(
-                    "this data directory belongs to cluster {own:016x}, and --join {addr} names a node of another \
-                     cluster: join that cluster with an empty --data-dir, or --join a node of this directory's cluster"
-                );
-                tracing::error!(%reason, "refusing to start");
-                let _ = self.inner.fatal.send(Some(reason));
-                true
-            }
-            Err(e) => {
-                tracing::warn!(
-                    join = addr,
-                    error = %e,
-                    "cannot check that the --join node is of this data directory's cluster; going on"
-                );
-                false
-            }
+            Ok(()) => PeerCluster::Same,
+            Err(e) if e.contains(crate::service::FOREIGN_CLUSTER_REFUSAL) => PeerCluster::Other,
+            Err(e) => PeerCluster::Unknown(e),
         }
+    }
+
+    /// Stops the node at start with `reason` (logged, and printed by `logdex serve`).
+    fn refuse_to_start(&self, reason: String) {
+        tracing::error!(%reason, "refusing to start");
+        let _ = self.inner.fatal.send(Some(reason));
     }
 
     /// One registration of this node, through its own controller replica or its peers.
@@ -2475,6 +2529,20 @@ fn produce_error(group: GroupId, node: NodeId, status: tonic::Status, connect_fa
         }
         _ => Error::remote_unavailable(status.message()),
     }
+}
+
+/// Rounds of [`Node::check_peers_cluster`] (every 500 ms) in which no peer answered before it
+/// gives up.
+const PEER_CLUSTER_CHECKS: u32 = 20;
+
+/// What a peer's answer to a status call says of its cluster.
+enum PeerCluster {
+    /// It answered: this node's cluster (or one without an id yet).
+    Same,
+    /// It refused the call as another cluster's.
+    Other,
+    /// No answer (the error).
+    Unknown(String),
 }
 
 /// Registrations a node sends, though registered, while its cluster has no id yet.
