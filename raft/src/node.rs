@@ -2425,14 +2425,15 @@ impl Node {
             .iter()
             .map(|g| {
                 let m = crate::types::metrics_of(&g.raft);
-                // A leader a quorum stopped answering is reported as no leader: the others have
-                // elected another one by now (or will), and its writes cannot commit.
-                let cut_off = self.names_no_leader(&m);
+                // A leader a quorum stopped answering, or a replica stopped by an error, is
+                // reported as knowing no leader: the others have elected another one by now (or
+                // will), and its writes cannot commit.
+                let no_leader = self.names_no_leader(&m);
                 pb::GroupStatus {
                     group_id: g.group_id,
                     replica_id: g.replica_id,
-                    leader_replica: if cut_off { 0 } else { m.current_leader.unwrap_or(0) },
-                    leader_node: if cut_off { 0 } else { leader_node_of(&g.raft).unwrap_or(0) },
+                    leader_replica: if no_leader { 0 } else { m.current_leader.unwrap_or(0) },
+                    leader_node: if no_leader { 0 } else { leader_node_of(&g.raft).unwrap_or(0) },
                     term: m.current_term,
                     high_watermark: g.partition.high_watermark(),
                     log_start_offset: g.partition.log_start_offset(),
