@@ -116,7 +116,7 @@ fn b64(bytes: &[u8]) -> String {
 fn unb64(text: &str) -> Result<Vec<u8>, Status> {
     base64::engine::general_purpose::STANDARD
         .decode(text)
-        .map_err(|e| Status::internal(format!("internal: undecodable answer: {e}")))
+        .map_err(|e| status_of_error(&ApiError::Internal(format!("undecodable answer: {e}"))))
 }
 
 /// The read mode a request names; a value the proto does not define is refused, as HTTP
@@ -256,7 +256,7 @@ impl Service {
         let headers = response.headers().clone();
         let body = axum::body::to_bytes(response.into_body(), ANSWER_BYTES_MAX)
             .await
-            .map_err(|e| Status::internal(format!("internal: {e}")))?;
+            .map_err(|e| status_of_error(&ApiError::Internal(e.to_string())))?;
         Ok(Answer { status, headers, body })
     }
 
@@ -473,12 +473,13 @@ impl Logdex for Service {
             }));
         }
         let body = serde_json::to_vec(&json!({ "records": records, "encoding": "base64" }))
-            .map_err(|e| Status::internal(format!("internal: {e}")))?;
+            .map_err(|e| status_of_error(&ApiError::Internal(e.to_string())))?;
         let a = self.call("POST", with_forward(format!("/topics/{topic}/records"), r.forward), body, auth).await?;
         if !a.status.is_success() {
             return Err(self.with_rpc_redirect(status_of(a.status, &a.body, &a.headers)));
         }
-        let v: Value = serde_json::from_slice(&a.body).map_err(|e| Status::internal(format!("internal: {e}")))?;
+        let v: Value =
+            serde_json::from_slice(&a.body).map_err(|e| status_of_error(&ApiError::Internal(e.to_string())))?;
         let offsets = v["offsets"]
             .as_array()
             .map(|a| {
@@ -509,7 +510,8 @@ impl Logdex for Service {
         if !a.status.is_success() {
             return Err(self.with_rpc_redirect(status_of(a.status, &a.body, &a.headers)));
         }
-        let v: Value = serde_json::from_slice(&a.body).map_err(|e| Status::internal(format!("internal: {e}")))?;
+        let v: Value =
+            serde_json::from_slice(&a.body).map_err(|e| status_of_error(&ApiError::Internal(e.to_string())))?;
         let base64 = v["encoding"].as_str() == Some("base64");
         let bytes_of = |field: &Value| -> Result<Option<Vec<u8>>, Status> {
             match field.as_str() {
