@@ -18,6 +18,9 @@ pub enum Command {
     /// Run one node. With no flags: a single-node cluster on 127.0.0.1:8080 with data in ./logdex-data.
     Serve(Box<ServeArgs>),
     /// Start a local cluster of N nodes on loopback and print each node's HTTP URL; Ctrl-C stops it.
+    ///
+    /// The nodes run with `serve`'s defaults and the flags `dev` gives them: they do not take
+    /// `LOGDEX_*` settings from the environment, and `dev`'s own flags do not read it either.
     Dev(DevArgs),
     /// Benchmark a running cluster (load, get1, getc, noop: the no-work floor), a node's restart (recovery,
     /// rebuild), or print the comparison table (report).

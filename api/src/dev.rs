@@ -8,7 +8,7 @@ use clap::Args;
 
 #[derive(Args, Debug, Clone)]
 pub struct DevArgs {
-    /// Number of nodes.
+    /// Number of nodes, 1 to 9.
     #[arg(long, default_value_t = 3)]
     pub nodes: u32,
     /// Directory for the nodes' data (one subdirectory per node); kept after exit.
@@ -58,7 +58,15 @@ pub async fn dev(args: DevArgs) -> Result<(), String> {
         let dir = args.data_dir.join(format!("node-{i}"));
         std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let log = std::fs::File::create(dir.join("logdex.log")).map_err(|e| format!("cannot create node log: {e}"))?;
-        let child = tokio::process::Command::new(&exe)
+        let mut command = tokio::process::Command::new(&exe);
+        // `serve` reads every flag from `LOGDEX_<FLAG>`: a `LOGDEX_JOIN` or `LOGDEX_FORWARD` meant
+        // for another node would stop these nodes from starting or change them unseen.
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("LOGDEX_") {
+                command.env_remove(&name);
+            }
+        }
+        let child = command
             .arg("serve")
             .args(["--node-id", &i.to_string()])
             .arg("--data-dir")

@@ -741,10 +741,10 @@ pub(crate) async fn write_one(
     uri: impl FnOnce() -> Result<Uri, ApiError>,
 ) -> Result<(u32, u64), ApiError> {
     if w.key.len() > s.limits.key_bytes_max {
-        return Err(ApiError::TooLarge(format!("key of {} bytes exceeds {}", w.key.len(), s.limits.key_bytes_max)));
+        return Err(too_large("", "key", w.key.len(), s.limits.key_bytes_max));
     }
     if w.value.as_ref().is_some_and(|v| v.len() > s.limits.value_bytes_max) {
-        return Err(ApiError::TooLarge(format!("value exceeds {} bytes", s.limits.value_bytes_max)));
+        return Err(too_large("", "value", w.value.as_ref().map_or(0, Vec::len), s.limits.value_bytes_max));
     }
     let p = partition_of(&w.topic, w.partition, &w.key)?;
     let record = Record { timestamp_ms: now_ms(), key: Some(w.key), value: w.value, headers: Vec::new() };
@@ -786,12 +786,56 @@ struct ProduceRecord {
     key: Option<String>,
     #[serde(default)]
     value: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "header_object")]
     headers: BTreeMap<String, Option<String>>,
     /// Any JSON value, so that a partition that is not one (`-1`, `"0"`) is refused as
     /// `invalid_partition`, naming the record, rather than failing the whole body's parse.
     #[serde(default)]
     partition: Option<Value>,
+}
+
+/// A record's `headers`: an object of names to values (null for a header without a value), or
+/// null for none, as `key` and `partition` may be null. A name given twice is refused: a JSON
+/// object keeps one of its values, and the other would be dropped unseen.
+fn header_object<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, Option<String>>, D::Error> {
+    struct Headers;
+    impl<'de> serde::de::Visitor<'de> for Headers {
+        type Value = BTreeMap<String, Option<String>>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object of header names to string values or null")
+        }
+
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(BTreeMap::new())
+        }
+
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(BTreeMap::new())
+        }
+
+        fn visit_some<D2: serde::Deserializer<'de>>(self, d: D2) -> Result<Self::Value, D2::Error> {
+            d.deserialize_map(self)
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut headers = BTreeMap::new();
+            while let Some((name, value)) = map.next_entry::<String, Option<String>>()? {
+                if headers.contains_key(&name) {
+                    return Err(serde::de::Error::custom(format_args!("header `{name}` is named twice in one record")));
+                }
+                headers.insert(name, value);
+            }
+            Ok(headers)
+        }
+    }
+    d.deserialize_option(Headers)
+}
+
+/// 413 for a key or value (`what`) of `len` bytes over the node's limit of `max`, in the same
+/// words wherever it was sent; `record` names the record of a batch ("record 3: ").
+fn too_large(record: &str, what: &str, len: usize, max: usize) -> ApiError {
+    ApiError::TooLarge(format!("{record}{what} of {len} bytes exceeds the limit of {max} bytes"))
 }
 
 /// The partition a record names, if it names one.
@@ -868,8 +912,8 @@ async fn produce_records(
     for (i, r) in req.records.into_iter().enumerate() {
         let key = r.key.map(|k| decode_field(k, base64, i, "key")).transpose()?;
         let value = r.value.map(|v| decode_field(v, base64, i, "value")).transpose()?;
-        if key.as_ref().is_some_and(|k| k.len() > s.limits.key_bytes_max) {
-            return Err(ApiError::TooLarge(format!("record {i}: key exceeds {} bytes", s.limits.key_bytes_max)));
+        if let Some(k) = key.as_ref().filter(|k| k.len() > s.limits.key_bytes_max) {
+            return Err(too_large(&format!("record {i}: "), "key", k.len(), s.limits.key_bytes_max));
         }
         // No lookup can name an empty key (as `PUT /kv/{t}/` cannot write one).
         if key.as_ref().is_some_and(Vec::is_empty) {
@@ -878,8 +922,8 @@ async fn produce_records(
                 format!("record {i}: the key is empty; leave it out (or null) for a record without a key"),
             ));
         }
-        if value.as_ref().is_some_and(|v| v.len() > s.limits.value_bytes_max) {
-            return Err(ApiError::TooLarge(format!("record {i}: value exceeds {} bytes", s.limits.value_bytes_max)));
+        if let Some(v) = value.as_ref().filter(|v| v.len() > s.limits.value_bytes_max) {
+            return Err(too_large(&format!("record {i}: "), "value", v.len(), s.limits.value_bytes_max));
         }
         let partition = match (record_partition(r.partition, i)?, &key) {
             (Some(p), _) if p < n => p,
@@ -1100,7 +1144,7 @@ pub(crate) async fn lookup(s: &AppState, r: LookupRequest<'_>) -> Result<Lookup,
         return Err(empty_key());
     }
     if r.key.len() > s.limits.key_bytes_max {
-        return Err(ApiError::TooLarge(format!("key exceeds {} bytes", s.limits.key_bytes_max)));
+        return Err(too_large("", "key", r.key.len(), s.limits.key_bytes_max));
     }
     let p = partition_of(&r.topic, r.partition, r.key)?;
     if r.topic.config.get("kv.index.enabled").map(String::as_str) == Some("false") {

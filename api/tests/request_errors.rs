@@ -55,6 +55,20 @@ async fn writes_over_max_message_bytes_answer_413_until_the_limit_is_raised() ->
     assert_eq!(big.status(), 200, "the raised limit admits the write");
     let got = http.get(format!("{url}/kv/tiny/big")).send().await?;
     assert_eq!(got.bytes().await?.len(), 500);
+
+    // A key over the node's limit is refused in the same words by every request that names it.
+    let long = "k".repeat(17_000);
+    let said = "key of 17000 bytes exceeds the limit of 16384 bytes";
+    let produce = json!({"records": [{"key": long, "value": "v"}]});
+    for (what, request) in [
+        ("PUT", http.put(format!("{url}/kv/tiny/{long}")).body("v")),
+        ("GET", http.get(format!("{url}/kv/tiny/{long}"))),
+        ("produce", http.post(format!("{url}/topics/tiny/records")).json(&produce)),
+    ] {
+        let (status, code, message) = error_of(request.send().await?).await?;
+        assert_eq!((status, code.as_str()), (413, "too_large"), "{what}: {message}");
+        assert!(message.contains(said), "{what}: {message}");
+    }
     node.shutdown().await;
     Ok(())
 }
@@ -121,6 +135,24 @@ async fn bad_parameters_answer_400_with_a_code_that_names_them() -> TestResult {
     assert_eq!((status, code.as_str()), (400, "invalid_key"), "a produced record with an empty key");
     assert!(message.contains("record 1"), "{message}");
     assert_eq!(http.get(format!("{url}/kv/t/fine")).send().await?.status(), 404, "nothing of that batch was written");
+
+    // A header named twice would keep one value and drop the other unseen; null headers are none.
+    let twice = r#"{"records": [{"key": "twice", "value": "v", "headers": {"h": "1", "h": "2"}}]}"#;
+    let (status, code, message) = error_of(
+        http.post(format!("{url}/topics/t/records"))
+            .header("content-type", "application/json")
+            .body(twice)
+            .send()
+            .await?,
+    )
+    .await?;
+    assert_eq!((status, code.as_str()), (400, "invalid_json"), "a header named twice: {message}");
+    assert!(message.contains("header `h` is named twice"), "{message}");
+    assert_eq!(http.get(format!("{url}/kv/t/twice")).send().await?.status(), 404, "nothing of it was written");
+    let no_headers = json!({"records": [{"key": "null-headers", "value": "v", "headers": null}]});
+    let written = http.post(format!("{url}/topics/t/records")).json(&no_headers).send().await?;
+    assert_eq!(written.status(), 200, "headers: null is a record without headers");
+    assert_eq!(http.get(format!("{url}/kv/t/null-headers")).send().await?.status(), 200);
 
     let as_array = http.post(format!("{url}/topics")).body(r#"["u", 1, 1, {}]"#).send().await?;
     let (status, code, message) = error_of(as_array).await?;

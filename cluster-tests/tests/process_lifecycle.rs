@@ -136,6 +136,63 @@ async fn dev_interrupted_while_its_nodes_start_leaves_no_node_running() -> Resul
     Ok(())
 }
 
+/// `logdex dev` starts its nodes without the caller's `LOGDEX_*` settings, which `serve` would
+/// read as flags. (Before, a `LOGDEX_JOIN` in the environment made every node exit, "--peers
+/// cannot be used with --join", and `LOGDEX_FORWARD=false` turned forwarding off unseen.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_nodes_do_not_take_logdex_settings_from_the_environment() -> Result<()> {
+    use tokio::io::AsyncBufReadExt as _;
+    let dir = tempfile::tempdir().map_err(|e| Error::io("creating a temp dir", e))?;
+    let data = dir.path().join("dev");
+    let http = free_port_run(3)?;
+    let rpc = free_port_run(3)?;
+    let mut dev = tokio::process::Command::new(binary_path()?)
+        .arg("dev")
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--http-port", &http.to_string(), "--rpc-port", &rpc.to_string()])
+        .env("LOGDEX_JOIN", "127.0.0.1:1")
+        .env("LOGDEX_FORWARD", "false")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| Error::io("starting logdex dev", e))?;
+    let dev_pid = dev.id().ok_or_else(|| Error::Check("logdex dev exited at once".into()))?;
+    let stdout = dev.stdout.take().ok_or_else(|| Error::Check("no stdout of logdex dev".into()))?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let mut printed = Vec::new();
+    let ready = tokio::time::timeout(Duration::from_secs(90), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let ready = line.contains("nodes ready");
+            printed.push(line);
+            if ready {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .unwrap_or(false);
+    let mut nodes = processes_mentioning(&data);
+    nodes.retain(|pid| *pid != dev_pid);
+    let environments: Vec<String> = nodes
+        .iter()
+        .map(|pid| {
+            String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default()).into_owned()
+        })
+        .collect();
+    let _ = std::process::Command::new("kill").args(["-INT", &dev_pid.to_string()]).status();
+    let _ = tokio::time::timeout(STOP_TIMEOUT, dev.wait()).await;
+    wait_all_gone(&nodes, "the nodes of logdex dev").await?;
+    ensure!(ready, "dev reports its nodes ready with LOGDEX_JOIN set, printed {printed:?}");
+    ensure!(nodes.len() == 3, "dev runs 3 nodes, saw {nodes:?}");
+    ensure!(
+        environments.iter().all(|env| !env.contains("LOGDEX_JOIN") && !env.contains("LOGDEX_FORWARD")),
+        "the nodes' environments hold no LOGDEX_ setting"
+    );
+    Ok(())
+}
+
 /// `logdex dev` whose ports another process holds says which port and exits with an error
 /// before it starts any node. (Before, its nodes exited at once, and the process on those
 /// ports answered the readiness checks: dev printed "3 nodes ready" with none running.)

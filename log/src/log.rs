@@ -143,8 +143,11 @@ impl Log {
         Ok(out)
     }
 
-    /// Decoded records with offsets `>= offset`, at most `max_records`,
-    /// reading batches until `max_bytes` of them were read (at least one).
+    /// Decoded records with offsets `>= offset`, at most `max_records`, from
+    /// whole batches that together hold at most `max_bytes`, as Kafka's fetch
+    /// takes them: a batch that would go over the budget ends the answer,
+    /// unless no record was taken yet (then it is taken whole, whatever its
+    /// size, so a reader always moves on).
     /// A damaged batch ends the answer before it; when it is the first batch
     /// to read, the answer is [`Error::Corrupt`] (so a reader that continues
     /// from the last offset it got stops at the damage, never skips it).
@@ -164,6 +167,9 @@ impl Log {
                 Err(error) if error.is_corruption() && !out.is_empty() => break,
                 Err(error) => return Err(error),
             };
+            if !out.is_empty() && bytes_read + batch.bytes.len() > max_bytes {
+                break;
+            }
             bytes_read += batch.bytes.len();
             let mut sink = |record_offset: Offset, record: Record| {
                 if record_offset >= offset {

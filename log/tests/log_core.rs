@@ -55,6 +55,29 @@ fn read_batches_returns_whole_batches_and_at_least_one() -> TestResult {
     Ok(())
 }
 
+/// A page of records stops before a batch that would take it over `max_bytes`, as Kafka's
+/// fetch does; only a page's first batch may exceed the budget, so a large batch comes alone.
+#[test]
+fn read_records_stops_before_a_batch_that_would_exceed_max_bytes() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut log = Log::open(dir.path(), LogConfig::default())?;
+    append_records(&mut log, 0, 3, Compression::None)?;
+    append_records(&mut log, 3, 3, Compression::None)?;
+    let big: Vec<Record> = (6..14).map(|i| Record { value: Some(vec![b'v'; 10_000]), ..record(i) }).collect();
+    log.append(&mut encode_batch(&big, Compression::None)?, 0)?;
+    let small = log.read_batches(0, usize::MAX)?;
+    let two_small = batch_len(&small) + batch_len(&small[batch_len(&small)..]);
+
+    let offsets = |records: Vec<(u64, Record)>| records.into_iter().map(|(o, _)| o).collect::<Vec<_>>();
+    assert_eq!(offsets(log.read_records(0, 100, two_small)?), (0..6).collect::<Vec<_>>());
+    assert_eq!(offsets(log.read_records(0, 100, two_small + 1_000)?), (0..6).collect::<Vec<_>>());
+    assert_eq!(offsets(log.read_records(0, 100, two_small - 1)?), (0..3).collect::<Vec<_>>());
+    assert_eq!(offsets(log.read_records(6, 100, 1)?), (6..14).collect::<Vec<_>>(), "the first batch comes whole");
+    assert_eq!(offsets(log.read_records(4, 100, 1)?), (4..6).collect::<Vec<_>>());
+    assert_eq!(log.read_records(0, 100, usize::MAX)?.len(), 14);
+    Ok(())
+}
+
 fn batch_len(bytes: &[u8]) -> usize {
     let mut length = [0u8; 4];
     length.copy_from_slice(&bytes[8..12]);
