@@ -802,7 +802,7 @@ fn header_object<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<Stri
     impl<'de> serde::de::Visitor<'de> for Headers {
         type Value = BTreeMap<String, Option<String>>;
 
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("an object of header names to string values or null")
         }
 
@@ -1022,7 +1022,7 @@ fn check_partition_batches(s: &AppState, t: &TopicRecord, batches: &PartitionBat
         if batch_bytes_bound(records) <= limit {
             continue;
         }
-        let bytes = logdex_log::encode_batch(records, logdex_log::Compression::None)
+        let bytes = logdex_log::encode_batch(records, t.compression())
             .map_err(|e| ApiError::bad("invalid_record", format!("partition {partition}: {e}")))?
             .len();
         if bytes > limit {

@@ -163,6 +163,16 @@ impl Compression {
         }
     }
 
+    /// The codec of attribute id `id`, if logdex writes it.
+    pub fn from_id(id: u8) -> Option<Compression> {
+        match id {
+            0 => Some(Compression::None),
+            3 => Some(Compression::Lz4),
+            4 => Some(Compression::Zstd),
+            _ => None,
+        }
+    }
+
     fn from_attributes(attributes: i16) -> Result<Compression> {
         match (attributes & CODEC_MASK) as u8 {
             0 => Ok(Compression::None),

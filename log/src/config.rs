@@ -1,6 +1,7 @@
 //! [`LogConfig`]: plain data with defaults and `validate`.
 
 use crate::batch::BATCH_HEADER_BYTES;
+use crate::batch::Compression;
 use crate::error::{Error, Result};
 
 /// Settings of one partition replica's log.
@@ -23,6 +24,10 @@ pub struct LogConfig {
     /// Delete the oldest sealed segments while the log stays at least this
     /// large without them (Kafka's rule).
     pub retention_bytes: Option<u64>,
+    /// Codec of the batches written to this log (the topic's `compression.type`). The log
+    /// stores each batch as it is given and reads every codec alike; the writer encodes
+    /// with this one. Default none.
+    pub compression: Compression,
 }
 
 const SEGMENT_BYTES_MIN: u64 = 2 * BATCH_HEADER_BYTES as u64;
@@ -38,6 +43,7 @@ impl Default for LogConfig {
             batch_bytes_max: 16 << 20,
             retention_ms: None,
             retention_bytes: None,
+            compression: Compression::None,
         }
     }
 }

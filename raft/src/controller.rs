@@ -609,7 +609,19 @@ impl TopicRecord {
         if let Some(m) = num("max.message.bytes") {
             c.batch_bytes_max = (m.max(0) as u64).clamp(logdex_log::BATCH_HEADER_BYTES as u64, i32::MAX as u64) as u32;
         }
+        c.compression = self.compression();
         c
+    }
+
+    /// The codec of the topic's batches, from `compression.type`: `lz4` and `zstd` name theirs;
+    /// `producer` (the default) and `uncompressed` write batches without one, since the HTTP
+    /// and gRPC produce requests carry records, not encoded batches.
+    pub fn compression(&self) -> logdex_log::Compression {
+        match self.config.get("compression.type").map(String::as_str) {
+            Some("lz4") => logdex_log::Compression::Lz4,
+            Some("zstd") => logdex_log::Compression::Zstd,
+            _ => logdex_log::Compression::None,
+        }
     }
 }
 
@@ -720,6 +732,10 @@ pub fn validate_config(config: &BTreeMap<String, String>) -> std::result::Result
             "retention.ms" | "retention.bytes" => {
                 (value.parse::<i64>().is_ok_and(|v| v >= -1), "a whole number, at least -1 (-1: no limit)")
             }
+            "compression.type" => (
+                matches!(value.as_str(), "producer" | "uncompressed" | "lz4" | "zstd"),
+                "producer, uncompressed, lz4 or zstd (logdex does not write gzip or snappy)",
+            ),
             "min.cleanable.dirty.ratio" => {
                 (value.parse::<f64>().is_ok_and(|v| (0.0..=1.0).contains(&v)), "a number from 0 to 1")
             }

@@ -2967,7 +2967,7 @@ fn propose_fn(raft: Raft, partition: Arc<Partition>) -> crate::batcher::Propose 
     let group = partition.group;
     Arc::new(move |records: &[logdex_log::Record]| {
         let raft = raft.clone();
-        let batch = logdex_log::encode_batch(records, logdex_log::Compression::None)
+        let batch = logdex_log::encode_batch(records, partition.compression())
             .map_err(|e| Error::Invalid(e.to_string()))
             .and_then(|batch| partition.admit_batch(batch.len()).map(|()| batch));
         Box::pin(async move {

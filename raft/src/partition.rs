@@ -100,6 +100,10 @@ pub struct Partition {
     /// checked before proposing, never when applying: replicas learn a config change
     /// at different moments, and a committed entry must apply alike on each.
     batch_bytes_max: std::sync::atomic::AtomicU32,
+    /// The topic's `compression.type`: the codec ([`logdex_log::Compression::id`]) of the
+    /// batches writes propose. Like the batch bound, it is the proposer's choice: replicas
+    /// store each committed batch as it came.
+    compression: std::sync::atomic::AtomicU8,
     log: RwLock<Log>,
     index: Index,
     high_watermark: AtomicU64,
@@ -308,6 +312,7 @@ impl Partition {
             replica,
             dir: dir.to_path_buf(),
             batch_bytes_max: std::sync::atomic::AtomicU32::new(log_config.batch_bytes_max),
+            compression: std::sync::atomic::AtomicU8::new(log_config.compression.id()),
             log_config,
             log: RwLock::new(log),
             index,
@@ -885,12 +890,19 @@ impl Partition {
     /// and to the batch size writes may propose.
     pub fn set_log_config(&self, config: LogConfig) -> Result<()> {
         self.batch_bytes_max.store(config.batch_bytes_max, Ordering::Relaxed);
+        self.compression.store(config.compression.id(), Ordering::Relaxed);
         let config = apply_config(config);
         let mut log = self.log.write().map_err(|_| Error::Corrupted("segment log lock poisoned".into()))?;
         if *log.config() != config {
             log.set_config(config)?;
         }
         Ok(())
+    }
+
+    /// The codec of the batches writes propose (the topic's `compression.type`).
+    pub fn compression(&self) -> logdex_log::Compression {
+        logdex_log::Compression::from_id(self.compression.load(Ordering::Relaxed))
+            .unwrap_or(logdex_log::Compression::None)
     }
 
     /// Refuses a batch of `bytes` larger than the topic's `max.message.bytes`.
