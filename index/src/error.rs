@@ -95,6 +95,14 @@ pub enum Error {
         expected: u8,
     },
 
+    /// The group's entries were rebuilt, replaced or dropped while an [`crate::IndexView`] of
+    /// them was read: the view cannot answer for the new ones.
+    #[error("group {group}: its index entries changed generation while a view of them was read")]
+    ViewStale {
+        /// The group viewed.
+        group: GroupId,
+    },
+
     /// A record in the meta keyspace does not decode.
     #[error("corrupt meta record {record} (group {group:?}): {len} bytes")]
     CorruptMeta {

@@ -154,6 +154,17 @@ impl Index {
         })
     }
 
+    /// A view of `group`'s entries as they are now: its lookups answer alike however long it
+    /// is kept, whatever is applied meanwhile (a fjall snapshot, whole batches only). For a
+    /// reader that must judge many keys against one state of the index.
+    pub fn view(&self, group: GroupId) -> IndexView<'_> {
+        let shared = self.shard(group);
+        let state = shared.registry.get(group);
+        // The generation first: a switch after it is seen at each lookup.
+        let generation = state.as_ref().map_or(NO_GENERATION, |s| s.live.load(Ordering::Acquire));
+        IndexView { shared, group, state, generation, snapshot: shared.db.snapshot() }
+    }
+
     /// Looks several keys of `group` up in one consistent view (a fjall
     /// snapshot: whole batches only); answers in the order of `keys`.
     pub fn get_many(&self, group: GroupId, keys: &[&[u8]]) -> Result<Vec<Lookup>> {
@@ -208,7 +219,7 @@ impl Index {
         Ok(count)
     }
 
-    /// The group's applied marker; `None` for a group never written or dropped.    /// The group's applied marker; `None` for a group never written or dropped.
+    /// The group's applied marker; `None` for a group never written or dropped.
     pub fn applied(&self, group: GroupId) -> Result<Option<AppliedMarker>> {
         let shared = self.shard(group);
         if shared.registry.get(group).is_none() {
@@ -560,6 +571,7 @@ impl Shared {
     }
 
     /// The read path: one point read, retried if the generation changed under it.
+    /// (`IndexView::get` is the same read on a snapshot, without the retry.)
     fn lookup(
         &self,
         group: GroupId,
@@ -695,4 +707,39 @@ fn superseded_updates(updates: &[Update<'_>]) -> Option<Vec<bool>> {
         }
     }
     superseded
+}
+
+/// A view of one group's index entries at one moment ([`Index::view`]).
+pub struct IndexView<'a> {
+    shared: &'a Shared,
+    group: GroupId,
+    state: Option<Arc<GroupState>>,
+    generation: Generation,
+    snapshot: fjall::Snapshot,
+}
+
+impl IndexView<'_> {
+    /// Looks `key` up as the index was when the view was taken. [`Error::ViewStale`] once the
+    /// group's entries were rebuilt, replaced or dropped since: the snapshot holds the old
+    /// generation's entries only, so every key would seem gone.
+    pub fn get(&self, key: &[u8]) -> Result<Lookup> {
+        self.shared.check_key_lengths(self.group, std::iter::once(key))?;
+        let Some(state) = &self.state else { return Ok(Lookup::NotFound) };
+        if self.generation == NO_GENERATION {
+            return Ok(Lookup::NotFound);
+        }
+        let data_key = DataKey::new(self.group, self.generation, key);
+        let value =
+            self.snapshot.get(&self.shared.data, data_key.as_ref()).map_err(fjall_err("get", Some(self.group)))?;
+        if state.live.load(Ordering::Acquire) != self.generation {
+            return Err(Error::ViewStale { group: self.group });
+        }
+        let Some(value) = value else { return Ok(Lookup::NotFound) };
+        let offset = decode_offset(&value).ok_or(Error::CorruptEntry { group: self.group, len: value.len() })?;
+        Ok(if offset < state.watermark.load(Ordering::Acquire) {
+            Lookup::Evicted(offset)
+        } else {
+            Lookup::Found(offset)
+        })
+    }
 }

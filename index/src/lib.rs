@@ -34,7 +34,7 @@ mod rebuild;
 
 pub use config::IndexConfig;
 pub use error::{Error, Result};
-pub use index::{Index, IndexStats};
+pub use index::{Index, IndexStats, IndexView};
 pub use layout::SHARDS_MAX;
 pub use maintenance::{FLUSH_WAIT_MAX, seal_and_wait_flushed};
 

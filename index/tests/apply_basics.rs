@@ -24,6 +24,27 @@ fn apply_puts_deletes_and_marker_are_visible() -> TestResult {
     Ok(())
 }
 
+/// A view answers as the index was when it was taken, whatever is applied after; once the
+/// group is dropped (or rebuilt) it refuses to answer rather than call every key gone.
+#[test]
+fn a_view_answers_as_the_index_was_and_refuses_after_a_drop() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let index = open(dir.path())?;
+    let empty = index.view(1);
+    index.apply(1, &[put(b"a", 0), put(b"b", 1)], &marker(2))?;
+    let view = index.view(1);
+    index.apply(1, &[put(b"a", 2), delete(b"b"), put(b"c", 3)], &marker(4))?;
+    assert_eq!(empty.get(b"a")?, Lookup::NotFound, "a view of a group never written");
+    assert_eq!(
+        (view.get(b"a")?, view.get(b"b")?, view.get(b"c")?),
+        (Lookup::Found(0), Lookup::Found(1), Lookup::NotFound)
+    );
+    assert_eq!((index.get(1, b"a")?, index.get(1, b"b")?), (Lookup::Found(2), Lookup::NotFound));
+    index.drop_group(1)?;
+    assert!(matches!(view.get(b"a"), Err(Error::ViewStale { group: 1 })), "{:?}", view.get(b"a"));
+    Ok(())
+}
+
 /// Within one batch, the last update of a key wins.
 #[test]
 fn apply_last_update_of_a_key_in_a_batch_wins() -> TestResult {

@@ -114,6 +114,36 @@ pub(crate) struct Rewrite {
 }
 
 impl CompactionPlan {
+    /// The offset after the plan's last segment: every record at or past it is in a segment
+    /// the plan does not take (the active one, or one sealed after the plan was taken).
+    /// 0 for a plan of no segment.
+    pub fn end_offset(&self) -> Offset {
+        self.segments.last().map_or(0, |(segment, _)| segment.content_end())
+    }
+
+    /// Calls `f` with the key and offset of every record with a key (tombstones included) in
+    /// the plan's segments, in offset order: what a caller needs to know, before
+    /// [`CompactionPlan::rewrite`], of the newest record of some keys within the plan.
+    pub fn for_each_keyed_record(&self, f: &mut dyn FnMut(&[u8], Offset)) -> Result<()> {
+        let mut scratch = Vec::new();
+        for (segment, _) in &self.segments {
+            let mut cursor = BatchCursor::whole_segment(segment, COMPACT_CHUNK_BYTES);
+            while let Some(batch) = cursor.next_batch()? {
+                if batch::is_control(&batch.header) {
+                    continue;
+                }
+                batch::decode_into(&batch.header, batch.bytes, &mut scratch, &mut |offset, record| {
+                    if let Some(key) = &record.key {
+                        f(key, offset);
+                    }
+                    true
+                })
+                .map_err(|e| segment.corrupt(batch.position, e))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Writes `B.log.cleaned` for every segment that loses records and opens it. Stops at
     /// the first error, keeping what was rewritten before it.
     pub fn rewrite(self, live: &mut dyn FnMut(&[u8], Offset) -> bool, tombstone_horizon_ms: i64) -> Compacted {

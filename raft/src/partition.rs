@@ -52,6 +52,11 @@ use crate::types::StoredMembership;
 
 /// Rounds of a fetch that meets local retention moving the local log's start meanwhile.
 const READ_ROUNDS_MAX: usize = 4;
+
+/// Most keys a compaction pass tracks whose newest record the index cannot place in the
+/// segments compacted (`Partition::compact`); the records of keys past it are kept. About
+/// 1M keys: tens of MB for keys of a few dozen bytes.
+const UNDECIDED_KEYS_MAX: usize = 1 << 20;
 /// Name of the durable checkpoint file in a partition directory.
 const CHECKPOINT_FILE: &str = "checkpoint.json";
 /// Present while a snapshot is being installed: names the snapshot directory.
@@ -918,14 +923,25 @@ impl Partition {
         Ok(())
     }
 
-    /// Compacts sealed segments: a keyed record stays while the index still
-    /// points at it; tombstones stay until `tombstone_horizon_ms`. Offsets are
-    /// preserved, so every lookup answer is unchanged.
+    /// Compacts sealed segments: a keyed record goes when a newer record of its key is in
+    /// the segments compacted (as Kafka's cleaner decides: a record newer than those, in the
+    /// active segment, does not count); tombstones stay until `tombstone_horizon_ms`.
+    /// Offsets are preserved, and every lookup answer is unchanged.
+    ///
+    /// The answer depends on the segments only, not on what was applied when the pass ran,
+    /// so replicas with the same segments compact them alike whenever each runs its pass.
+    /// (Counting every newer record, as an earlier version did by asking the index alone,
+    /// left a replica whose pass ran before a write with a record the others removed, until
+    /// its next pass, which a partition that is not written to never runs.) The index
+    /// answers for most keys: one whose newest record is in the segments compacted is
+    /// decided by it. For the others, whose newest record lies beyond those segments or is a
+    /// tombstone (the index holds no entry then), a first read of the segments finds the
+    /// newest record within them. Both reads ask one view of the index, so a write applied
+    /// meanwhile changes nothing.
     ///
     /// The log is held only to take the plan (read lock) and to install the
     /// rewritten segments (write lock, one segment per hold); applies, lookups and fetches go
-    /// on while the segments are read and rewritten. A record found dead then stays
-    /// dead: the index only moves a key to newer offsets.
+    /// on while the segments are read and rewritten.
     pub fn compact(&self, tombstone_horizon_ms: i64) -> Result<logdex_log::CompactStats> {
         let _one_at_a_time = self.compacting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if self.high_watermark() < self.reapply_until.load(Ordering::Acquire) {
@@ -939,12 +955,31 @@ impl Partition {
             // log is held. A record whose key is not indexed yet would look dead.
             log.compaction_plan(self.high_watermark())?
         };
-        let index = &self.index;
-        let replica = self.replica;
-        // An index error keeps the record: compaction may only ever keep too much.
-        let mut live = |key: &[u8], offset: Offset| match index.get(replica, key) {
-            Ok(Lookup::Found(o) | Lookup::Evicted(o)) => o == offset,
-            Ok(Lookup::NotFound) => false,
+        let view = self.index.view(self.replica);
+        let end = plan.end_offset();
+        // Keys the index cannot decide (their newest record is past the plan's segments, or a
+        // tombstone), with their newest offset within the plan.
+        let mut newest_in_plan: HashMap<Vec<u8>, Offset> = HashMap::new();
+        plan.for_each_keyed_record(&mut |key, offset| {
+            let undecided = match view.get(key) {
+                Ok(Lookup::Found(o) | Lookup::Evicted(o)) => o >= end,
+                Ok(Lookup::NotFound) => true,
+                Err(_) => false,
+            };
+            if !undecided {
+                return;
+            }
+            if let Some(newest) = newest_in_plan.get_mut(key) {
+                *newest = offset;
+            } else if newest_in_plan.len() < UNDECIDED_KEYS_MAX {
+                newest_in_plan.insert(key.to_vec(), offset);
+            }
+        })?;
+        // An index error keeps the record, as does an undecided key past the map's bound:
+        // compaction may only ever keep too much.
+        let mut live = |key: &[u8], offset: Offset| match view.get(key) {
+            Ok(Lookup::Found(o) | Lookup::Evicted(o)) if o < end => o == offset,
+            Ok(_) => newest_in_plan.get(key).is_none_or(|newest| *newest == offset),
             Err(_) => true,
         };
         let compacted = plan.rewrite(&mut live, tombstone_horizon_ms);
