@@ -220,7 +220,10 @@ fn plain_query_reason(rest: &str) -> String {
     ];
     match rest.split_once(": ") {
         Some((param, reason)) if NOT_A_COUNT.contains(&reason) => {
-            format!("{param}: it takes a whole number from 0 to {}", u64::MAX)
+            // Page limits start at 1 (a zero is `invalid_limit`); larger ones are taken as
+            // their bound.
+            let low = if matches!(param, "max_records" | "max_bytes") { 1 } else { 0 };
+            format!("{param}: it takes a whole number from {low} to {}", u64::MAX)
         }
         _ => rest.to_string(),
     }
