@@ -642,8 +642,9 @@ fn with_defaults(config: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
 
 /// Defaults that describe does not show but a create may spell out and still name the same
 /// topic, beside those of [`with_defaults`].
-fn implied_defaults() -> [(&'static str, String); 8] {
+fn implied_defaults() -> [(&'static str, String); 9] {
     [
+        ("compression.type", "producer".into()),
         ("segment.bytes", logdex_log::LogConfig::default().segment_bytes.to_string()),
         ("delete.retention.ms", DELETE_RETENTION_MS_DEFAULT.to_string()),
         ("min.cleanable.dirty.ratio", MIN_CLEANABLE_DIRTY_RATIO_DEFAULT.to_string()),
@@ -1129,6 +1130,7 @@ mod tests {
             ("remote.storage.enable", "false"),
             ("local.retention.ms", "-2"),
             ("local.retention.bytes", "-2"),
+            ("compression.type", "producer"),
         ];
         for default in defaults {
             assert_eq!(state.apply(&create_t_with(&[default])).status, "exists", "{default:?}");
@@ -1136,6 +1138,7 @@ mod tests {
         assert_eq!(state.apply(&create_t_with(&defaults)).status, "exists");
         assert_eq!(state.apply(&create_t_with(&[("cleanup.policy", "delete")])).status, "conflict");
         assert_eq!(state.apply(&create_t_with(&[("min.cleanable.dirty.ratio", "0.51")])).status, "conflict");
+        assert_eq!(state.apply(&create_t_with(&[("compression.type", "zstd")])).status, "conflict");
         // And the other way round: a topic created spelling out a default.
         let mut state = ClusterState::fresh();
         register(&mut state, 1);

@@ -2804,19 +2804,36 @@ impl Trims {
     }
 }
 
-/// What the last compaction pass of a replica found: the sealed bytes after it, and the
-/// timestamp of the oldest tombstone it kept (too new to remove then).
+/// What the last compaction pass of a replica found: the sealed bytes after it, the
+/// timestamp of the oldest tombstone it kept (too new to remove then), when it ended and how
+/// long it took.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Cleaned {
     sealed_bytes: u64,
     oldest_tombstone_kept_ms: Option<i64>,
+    at: std::time::Instant,
+    took: Duration,
 }
+
+/// A replica with bytes sealed since its last pass, too few for `min.cleanable.dirty.ratio`,
+/// passes again once this long has gone since that pass (or [`SETTLE_PASS_COST_SHARE`] times
+/// the pass's own time, when longer). Replicas run their passes at moments of their own, and
+/// a pass removes what the segments it covers supersede: without it, one that passed after a
+/// segment was sealed and one that passed before kept different records for as long as no
+/// more bytes were sealed (a quiet partition: for good). With it, every replica's last pass
+/// covers every sealed segment within about this long after the last one was sealed, and
+/// replicas with the same segments hold the same records.
+const SETTLE_PASS_AFTER: Duration = Duration::from_secs(30);
+/// How many times its own duration a settling pass waits at least, so that passes over a
+/// large log take at most about 1/20 of the time.
+const SETTLE_PASS_COST_SHARE: u32 = 20;
 
 /// One compaction pass of a replica under the `compact` policy, when the bytes sealed since
 /// the last pass (`last`; every sealed byte before a node's first pass) are at least
 /// `min.cleanable.dirty.ratio` of all its sealed bytes, as Kafka's cleaner chooses a log, or
 /// when a tombstone that pass kept is now past `delete.retention.ms` (as Kafka's cleaner does,
-/// KIP-534: an idle log still loses its expired tombstones). Returns what the pass found, or
+/// KIP-534: an idle log still loses its expired tombstones), or when bytes were sealed since
+/// and [`SETTLE_PASS_AFTER`] has gone by (so replicas settle alike). Returns what the pass found, or
 /// `None` when it did not run or examined nothing (a replica re-applying, or with nothing
 /// indexed yet), so the next pass tries again. (Retention is committed through Raft:
 /// `propose_retention`.)
@@ -2842,9 +2859,13 @@ fn clean_with(
         let dirty = sealed.saturating_sub(c.sealed_bytes);
         dirty > 0 && dirty as f64 >= policy.min_cleanable_dirty_ratio * sealed as f64
     };
-    if sealed == 0 || last.is_some_and(|c| !dirty_enough(&c) && !tombstones_due(&c)) {
+    let settle_due = |c: &Cleaned| {
+        sealed > c.sealed_bytes && c.at.elapsed() >= SETTLE_PASS_AFTER.max(c.took * SETTLE_PASS_COST_SHARE)
+    };
+    if sealed == 0 || last.is_some_and(|c| !dirty_enough(&c) && !tombstones_due(&c) && !settle_due(&c)) {
         return Ok(None);
     }
+    let started = std::time::Instant::now();
     let stats = compact(p, horizon)?;
     if stats.records_removed > 0 {
         tracing::info!(
@@ -2862,7 +2883,12 @@ fn clean_with(
     // it ran (an apply goes on meanwhile) or past the high watermark when it began is not
     // among them, and counts as dirty for the next pass. (The log's sealed bytes read now
     // would count it as clean, and it would wait for the next segment to be sealed.)
-    Ok(Some(Cleaned { sealed_bytes: stats.bytes_after, oldest_tombstone_kept_ms: stats.oldest_tombstone_kept_ms }))
+    Ok(Some(Cleaned {
+        sealed_bytes: stats.bytes_after,
+        oldest_tombstone_kept_ms: stats.oldest_tombstone_kept_ms,
+        at: std::time::Instant::now(),
+        took: started.elapsed(),
+    }))
 }
 
 /// Reads that may find their data in tiered storage: run `read`; when it needs remote
@@ -3292,6 +3318,34 @@ mod tests {
         let ratio = dirty as f64 / sealed as f64;
         clean(&p, &compact_policy(60_000, ratio), Some(first))?.ok_or("a dirty share at the ratio brings a pass")?;
         assert!(!k_at_0(&p)?, "the superseded record is gone");
+        Ok(())
+    }
+
+    /// Bytes sealed since the last pass, too few for the dirty ratio, bring a pass once
+    /// `SETTLE_PASS_AFTER` has gone by since that pass: a replica whose pass ran before the
+    /// seal settles to what one that passed after it holds, though nothing more is written.
+    #[test]
+    fn a_replica_with_a_few_dirty_bytes_passes_again_once_the_settle_time_is_past() -> TestResult {
+        let root = tempfile::tempdir()?;
+        let p = compacted_replica(root.path())?;
+        let now = crate::state_machine::now_ms() as i64;
+        let mut records = vec![("k".to_string(), Some(b"v0".to_vec()))];
+        records.extend(filler(1..80));
+        apply_each(&p, 0, &records, now)?;
+        let policy = compact_policy(60_000, 0.9);
+        let first = clean(&p, &policy, None)?.ok_or("the first pass examines every segment")?;
+        let mut records = vec![("k".to_string(), Some(b"v1".to_vec()))];
+        records.extend(filler(81..92));
+        apply_each(&p, 80, &records, now)?;
+        let k_at_0 =
+            |p: &Partition| -> TestResult<bool> { Ok(p.read_records(0, 1, 1 << 20)?.iter().any(|(o, _)| *o == 0)) };
+        assert_eq!(clean(&p, &policy, Some(first))?, None, "a small dirty share right after a pass: no pass");
+        assert!(k_at_0(&p)?);
+        let at = std::time::Instant::now().checked_sub(SETTLE_PASS_AFTER).ok_or("a clock too young")?;
+        let settled = clean(&p, &policy, Some(Cleaned { at, ..first }))?.ok_or("the settle time brings a pass")?;
+        assert!(!k_at_0(&p)?, "the record superseded in the newly sealed segment is gone");
+        let later = std::time::Instant::now().checked_sub(2 * SETTLE_PASS_AFTER).ok_or("a clock too young")?;
+        assert_eq!(clean(&p, &policy, Some(Cleaned { at: later, ..settled }))?, None, "nothing sealed since: no pass");
         Ok(())
     }
 
