@@ -103,13 +103,7 @@ async fn node_stops_when_its_parent_exited_before_the_node_began_to_run() -> Res
 async fn dev_interrupted_while_its_nodes_start_leaves_no_node_running() -> Result<()> {
     let dir = tempfile::tempdir().map_err(|e| Error::io("creating a temp dir", e))?;
     let data = dir.path().join("dev");
-    let http = free_port_run(3)?;
-    let rpc = free_port_run(3)?;
-    let mut dev = tokio::process::Command::new(binary_path()?)
-        .arg("dev")
-        .arg("--data-dir")
-        .arg(&data)
-        .args(["--http-port", &http.to_string(), "--rpc-port", &rpc.to_string()])
+    let mut dev = dev_command(&data, free_port_run(3)?, free_port_run(3)?)?
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -144,13 +138,7 @@ async fn dev_nodes_do_not_take_logdex_settings_from_the_environment() -> Result<
     use tokio::io::AsyncBufReadExt as _;
     let dir = tempfile::tempdir().map_err(|e| Error::io("creating a temp dir", e))?;
     let data = dir.path().join("dev");
-    let http = free_port_run(3)?;
-    let rpc = free_port_run(3)?;
-    let mut dev = tokio::process::Command::new(binary_path()?)
-        .arg("dev")
-        .arg("--data-dir")
-        .arg(&data)
-        .args(["--http-port", &http.to_string(), "--rpc-port", &rpc.to_string()])
+    let mut dev = dev_command(&data, free_port_run(3)?, free_port_run(3)?)?
         .env("LOGDEX_JOIN", "127.0.0.1:1")
         .env("LOGDEX_FORWARD", "false")
         .stdout(std::process::Stdio::piped())
@@ -210,6 +198,14 @@ async fn dev_with_a_port_in_use_says_so_and_starts_no_node() -> Result<()> {
     refused_dev(&data, http, http + 2, "overlap").await
 }
 
+/// `logdex dev` with its data under `data` and its nodes' HTTP and RPC ports from `http` and
+/// `rpc`.
+fn dev_command(data: &Path, http: u16, rpc: u16) -> Result<tokio::process::Command> {
+    let mut dev = tokio::process::Command::new(binary_path()?);
+    dev.arg("dev").arg("--data-dir").arg(data).args(["--http-port", &http.to_string(), "--rpc-port", &rpc.to_string()]);
+    Ok(dev)
+}
+
 /// Runs `command` (`what` in errors) with its output captured until it exits, at most
 /// [`STOP_TIMEOUT`].
 async fn run_to_exit(mut command: tokio::process::Command, what: &str) -> Result<std::process::Output> {
@@ -224,8 +220,7 @@ async fn run_to_exit(mut command: tokio::process::Command, what: &str) -> Result
 /// Runs `logdex dev` on the given ports and checks that it exits with an error naming
 /// `expected` and leaves no node running.
 async fn refused_dev(data: &std::path::Path, http: u16, rpc: u16, expected: &str) -> Result<()> {
-    let mut dev = tokio::process::Command::new(binary_path()?);
-    dev.arg("dev").arg("--data-dir").arg(data).args(["--http-port", &http.to_string(), "--rpc-port", &rpc.to_string()]);
+    let dev = dev_command(data, http, rpc)?;
     let out = run_to_exit(dev, &format!("logdex dev on ports {http}/{rpc}")).await?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     ensure!(!out.status.success(), "dev on ports {http}/{rpc} exited with {}", out.status);

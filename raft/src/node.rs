@@ -3291,21 +3291,27 @@ mod tests {
         Ok(())
     }
 
+    /// `k` at offset 0 and filler, a first pass over every sealed segment, then a new value of
+    /// `k` and a little filler that seal a segment: a small dirty share. Returns the pass.
+    fn first_pass_then_a_small_dirty_share(p: &Partition) -> TestResult<Cleaned> {
+        let now = crate::state_machine::now_ms() as i64;
+        let mut records = vec![("k".to_string(), Some(b"v0".to_vec()))];
+        records.extend(filler(1..80));
+        apply_each(p, 0, &records, now)?;
+        let first = clean(p, &compact_policy(60_000, 0.9), None)?.ok_or("the first pass examines every segment")?;
+        let mut records = vec![("k".to_string(), Some(b"v1".to_vec()))];
+        records.extend(filler(81..92));
+        apply_each(p, 80, &records, now)?;
+        Ok(first)
+    }
+
     /// After its first pass, a compacted log is cleaned again only once the bytes sealed since
     /// are `min.cleanable.dirty.ratio` of its sealed bytes, as in Kafka.
     #[test]
     fn a_log_is_cleaned_again_once_its_dirty_share_reaches_min_cleanable_dirty_ratio() -> TestResult {
         let root = tempfile::tempdir()?;
         let p = compacted_replica(root.path())?;
-        let now = crate::state_machine::now_ms() as i64;
-        let mut records = vec![("k".to_string(), Some(b"v0".to_vec()))];
-        records.extend(filler(1..80));
-        apply_each(&p, 0, &records, now)?;
-        let first = clean(&p, &compact_policy(60_000, 0.9), None)?.ok_or("the first pass examines every segment")?;
-        // A new value of `k` and a little filler seal a segment: a small dirty share.
-        let mut records = vec![("k".to_string(), Some(b"v1".to_vec()))];
-        records.extend(filler(81..92));
-        apply_each(&p, 80, &records, now)?;
+        let first = first_pass_then_a_small_dirty_share(&p)?;
         let sealed = p.sealed_bytes();
         let dirty = sealed - first.sealed_bytes;
         assert!(dirty > 0 && (dirty as f64) < 0.5 * sealed as f64, "dirty {dirty} of {sealed}");
@@ -3328,15 +3334,8 @@ mod tests {
     fn a_replica_with_a_few_dirty_bytes_passes_again_once_the_settle_time_is_past() -> TestResult {
         let root = tempfile::tempdir()?;
         let p = compacted_replica(root.path())?;
-        let now = crate::state_machine::now_ms() as i64;
-        let mut records = vec![("k".to_string(), Some(b"v0".to_vec()))];
-        records.extend(filler(1..80));
-        apply_each(&p, 0, &records, now)?;
         let policy = compact_policy(60_000, 0.9);
-        let first = clean(&p, &policy, None)?.ok_or("the first pass examines every segment")?;
-        let mut records = vec![("k".to_string(), Some(b"v1".to_vec()))];
-        records.extend(filler(81..92));
-        apply_each(&p, 80, &records, now)?;
+        let first = first_pass_then_a_small_dirty_share(&p)?;
         let k_at_0 =
             |p: &Partition| -> TestResult<bool> { Ok(p.read_records(0, 1, 1 << 20)?.iter().any(|(o, _)| *o == 0)) };
         assert_eq!(clean(&p, &policy, Some(first))?, None, "a small dirty share right after a pass: no pass");
