@@ -2833,9 +2833,9 @@ const SETTLE_PASS_COST_SHARE: u32 = 20;
 /// `min.cleanable.dirty.ratio` of all its sealed bytes, as Kafka's cleaner chooses a log, or
 /// when a tombstone that pass kept is now past `delete.retention.ms` (as Kafka's cleaner does,
 /// KIP-534: an idle log still loses its expired tombstones), or when bytes were sealed since
-/// and [`SETTLE_PASS_AFTER`] has gone by (so replicas settle alike). Returns what the pass found, or
-/// `None` when it did not run or examined nothing (a replica re-applying, or with nothing
-/// indexed yet), so the next pass tries again. (Retention is committed through Raft:
+/// and [`SETTLE_PASS_AFTER`] has gone by (so replicas settle alike). Returns what the pass
+/// found, or `None` when it did not run or examined nothing (a replica re-applying, or with
+/// nothing indexed yet), so the next pass tries again. (Retention is committed through Raft:
 /// `propose_retention`.)
 fn clean(p: &Partition, policy: &crate::controller::CleanupPolicy, last: Option<Cleaned>) -> Result<Option<Cleaned>> {
     clean_with(p, policy, last, Partition::compact)
