@@ -743,8 +743,8 @@ pub(crate) async fn write_one(
     if w.key.len() > s.limits.key_bytes_max {
         return Err(too_large("", "key", w.key.len(), s.limits.key_bytes_max));
     }
-    if w.value.as_ref().is_some_and(|v| v.len() > s.limits.value_bytes_max) {
-        return Err(too_large("", "value", w.value.as_ref().map_or(0, Vec::len), s.limits.value_bytes_max));
+    if let Some(v) = w.value.as_ref().filter(|v| v.len() > s.limits.value_bytes_max) {
+        return Err(too_large("", "value", v.len(), s.limits.value_bytes_max));
     }
     let p = partition_of(&w.topic, w.partition, &w.key)?;
     let record = Record { timestamp_ms: now_ms(), key: Some(w.key), value: w.value, headers: Vec::new() };
